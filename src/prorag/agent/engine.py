@@ -1,4 +1,5 @@
-"""Batched multi-turn rollout engine: HiPRAG Algorithm 1 (or Search-R1) over a generator and a retriever.
+"""Batched multi-turn rollout engine: HiPRAG Algorithm 1 (or Search-R1, or the multi-stage-reward paper's
+protocol) over a generator and a retriever.
 
 Every turn, all active trajectories of the batch advance together:
 
@@ -11,11 +12,13 @@ Every turn, all active trajectories of the batch advance together:
    per-turn limit only chunks "GENERATE until boundary"; a stop string split across two calls is found at
    the junction); an end-of-sequence token ends the trajectory;
 3. every queued search of the batch goes to ONE ``retriever.search(queries, top_k)`` call, and the escaped
-   top-k documents are inserted with the protocol's helper (HiPRAG: ``<context>…</context><conclusion>``).
+   top-k documents are inserted with the protocol's helper (HiPRAG: ``<context>…</context><conclusion>``;
+   Search-R1 and multistage: ``<information>…</information>``).
 
-Budgets: the step budget ``B`` counts HiPRAG steps (conclusions), or searches for Search-R1. When it is used
-up the engine appends the forced answer of Algorithm 1 lines 20–22 (``</think>`` only if the completion has
-none, then ``<answer>``) and generation continues until ``</answer>`` (other boundaries are then plain text).
+Budgets: the step budget ``B`` counts HiPRAG steps (conclusions), or searches for Search-R1 and multistage.
+When it is used up the engine appends the forced answer of Algorithm 1 lines 20–22 (HiPRAG: ``</think>`` only
+if the completion has none, then ``<answer>``; the search protocols: ``<answer>`` in place of the search beyond
+the budget) and generation continues until ``</answer>`` (other boundaries are then plain text).
 ``max_total_new_tokens`` bounds the *generated* tokens of a trajectory (inserted tokens are not counted);
 ``max_new_tokens_per_turn`` bounds one generate call. The stop reasons are listed in
 :mod:`prorag.agent.trajectory`.
@@ -44,8 +47,9 @@ from tqdm.auto import tqdm
 from prorag.agent.trajectory import Rollout, Segment, SegmentKind, StepDict, StopReason, stop_reason_counts
 from prorag.data.records import Question
 from prorag.llm.generation import Completion, Generator, SamplingParams
-from prorag.protocol import hiprag, search_r1
+from prorag.protocol import hiprag, multistage, search_r1
 from prorag.protocol.escaping import escape_retrieved
+from prorag.protocol.markup import last_between
 from prorag.retrieval.base import Hit, Retriever
 
 if TYPE_CHECKING:
@@ -54,12 +58,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Boundary = Literal["search", "step", "answer"]
-ProtocolName = Literal["hiprag", "search_r1"]
+ProtocolName = Literal["hiprag", "search_r1", "multistage"]
 
 _HIPRAG_BOUNDARIES: Final[dict[str, Boundary]] = {
     hiprag.SEARCH_CLOSE: "search", hiprag.CONCLUSION_CLOSE: "step", hiprag.ANSWER_CLOSE: "answer"}
 _SEARCH_R1_BOUNDARIES: Final[dict[str, Boundary]] = {
     search_r1.SEARCH_CLOSE: "search", search_r1.ANSWER_CLOSE: "answer"}
+_MULTISTAGE_BOUNDARIES: Final[dict[str, Boundary]] = {
+    multistage.SEARCH_CLOSE: "search", multistage.ANSWER_CLOSE: "answer"}
 
 EMPTY_QUERY_NOTE: Final = "(empty search query: nothing was retrieved)"
 NO_RESULTS_NOTE: Final = "(no results)"
@@ -201,6 +207,54 @@ class SearchR1Adapter:
         return search_r1.extract_answer(completion)
 
 
+@dataclass(frozen=True)
+class MultistageAdapter:
+    """The multi-stage-reward paper's think/search/information/reflect/answer (:mod:`prorag.protocol.multistage`).
+
+    The step budget counts searches, as for Search-R1: the search beyond the budget is not executed and
+    :meth:`forced_answer` opens ``<answer>`` right after it. That completion has a ``<search>`` without
+    ``<information>`` and so fails :func:`~prorag.protocol.multistage.is_valid_format` — deliberately, the
+    model exceeded the budget. The protocol has no HiPRAG steps: :meth:`steps` is None.
+    """
+
+    name: str = "multistage"
+    stop_strings: tuple[str, ...] = multistage.STOP_STRINGS
+    step_on_search: bool = True
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        return multistage.render_prompt(question)
+
+    def initial_prefix(self) -> str:
+        return ""  # the model opens its first <think> itself
+
+    def boundary(self, stop: str) -> Boundary | None:
+        return _MULTISTAGE_BOUNDARIES.get(stop)
+
+    def query(self, transcript: str) -> str:
+        return last_between(transcript, multistage.SEARCH_OPEN, multistage.SEARCH_CLOSE) or ""
+
+    def insertion(self, docs_text: str) -> str:
+        return multistage.after_search(docs_text)
+
+    def after_step(self, step_index: int, budget: int) -> str:
+        return ""  # no step-closing boundary
+
+    def forced_answer(self, transcript: str) -> str:
+        return f"\n{multistage.ANSWER_OPEN}"  # the protocol's block layout (cf. after_search)
+
+    def check_format(self, completion: str) -> tuple[int, int]:
+        """``(1, N)`` with ``N`` the search rounds of a well-formed completion, else ``(0, -1)``."""
+        if not multistage.is_valid_format(completion):
+            return 0, -1
+        return 1, multistage.count_searches(completion)  # every </search> of a valid completion is a tag
+
+    def steps(self, completion: str) -> list[StepDict] | None:
+        return None
+
+    def extract_answer(self, completion: str) -> str | None:
+        return multistage.extract_answer(completion)
+
+
 def get_adapter(protocol: ProtocolName | str | ProtocolAdapter, *, open_next_step: bool = False,
                 few_shot: bool = True) -> ProtocolAdapter:
     """The adapter of a protocol name (``open_next_step`` and ``few_shot`` apply to HiPRAG only); an adapter
@@ -211,7 +265,9 @@ def get_adapter(protocol: ProtocolName | str | ProtocolAdapter, *, open_next_ste
         return HiPRAGAdapter(open_next_step=open_next_step, few_shot=few_shot)
     if protocol == "search_r1":
         return SearchR1Adapter()
-    raise ValueError(f"unknown protocol {protocol!r} (use 'hiprag' or 'search_r1')")
+    if protocol == "multistage":
+        return MultistageAdapter()
+    raise ValueError(f"unknown protocol {protocol!r} (use 'hiprag', 'search_r1' or 'multistage')")
 
 
 # ----------------------------------------------------------------------------------------- helpers

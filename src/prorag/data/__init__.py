@@ -9,6 +9,7 @@ from prorag.data.records import (
     load_questions,
     normalize_text,
 )
+from prorag.data.selection import select_training_questions
 
 __all__ = [
     "DataFileError",
@@ -23,5 +24,6 @@ __all__ = [
     "normalize_text",
     "read_corpus_files",
     "read_jsonl",
+    "select_training_questions",
     "write_jsonl",
 ]

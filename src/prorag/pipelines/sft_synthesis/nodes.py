@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any, Literal
 
 from pydantic import Field
 
 from prorag.config import StrictModel, register_parameters
-from prorag.data import Question
+from prorag.data import Question, select_training_questions
 from prorag.retrieval import RetrievalIndex
 from prorag.training import split_for_synthesis, synthesis_summary, synthesize_trajectories
 
@@ -28,18 +27,10 @@ def synthesize_sft_data(question_records: list[dict[str, Any]], evaluation_recor
                         index: RetrievalIndex, params: SftSynthesisParams,
                         ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Gold trajectories for the selected questions; the evaluated questions are excluded (and checked)."""
-    unknown = sorted(set(params.sources) - {record.get("source") or record["dataset"] for record in question_records})
-    if unknown:
-        raise ValueError(f"sft_synthesis.sources names {unknown}, not among the indexed question sources")
     evaluation_keys = {Question.from_dict(record).key for record in evaluation_records}
-    taken: Counter[str] = Counter()
-    selected = []
-    for question in map(Question.from_dict, question_records):
-        if question.source not in params.sources or question.key in evaluation_keys:
-            continue
-        if params.max_per_source is None or taken[question.source] < params.max_per_source:
-            taken[question.source] += 1
-            selected.append(question)
+    selected = select_training_questions(map(Question.from_dict, question_records), params.sources,
+                                         max_per_source=params.max_per_source, exclude_keys=evaluation_keys,
+                                         setting="sft_synthesis.sources")
     questions = split_for_synthesis(selected, evaluation_keys)
     trajectories, skipped = synthesize_trajectories(questions, index.retriever(params.retriever), top_k=params.top_k,
                                                     seed=params.seed)

@@ -1,0 +1,328 @@
+"""GRPO / DAPO / Dr. GRPO with TRL's ``GRPOTrainer`` over the project's multi-turn rollout engine.
+
+* :class:`AgentRolloutFunction` is TRL's ``rollout_func``: for the prompts of a generation batch (TRL's sampler
+  already repeats each question ``num_generations`` times) it runs :class:`~prorag.agent.RolloutEngine` — the
+  HiPRAG step protocol (or Search-R1 / multi-stage), with one batched retriever call per turn — on the trainer's
+  *current* policy, in-process. It returns the exact prompt ids, the completion ids (generated and inserted
+  segments), the sampler's log-probabilities (0 for inserted tokens) and ``env_mask`` (1 for generated tokens,
+  0 for inserted ones: retrieved ``<context>`` and the engine's tags stay out of the loss). The batch is then
+  scored with :class:`~prorag.training.process_rewards.RolloutScorer` while the same policy is unwrapped, so
+  over-search re-asks use the current policy; the reward components travel to TRL as extra fields.
+* :class:`ComponentReward` hands one component to TRL, which sums the components (each already weighted) and
+  logs each one's mean and std.
+* :class:`AgentGRPOTrainer` adds the agent statistics (format rate, CEM, OSR, USR, search ratio, retrievals,
+  unknown-judge rate, tokens) to TRL's logged metrics, summed over processes before the ratio is taken, and
+  DAPO's dynamic sampling filter when ``drop_uniform_groups`` is set (TRL 1.16 has none): groups whose rewards
+  are all equal are removed from the loss and its token normalizer. DAPO also over-samples to refill the batch;
+  here the batch just shrinks, and ``dapo/dropped_group_fraction`` says by how much.
+* :func:`train_grpo_lora` trains a LoRA adapter (a fresh one, or continuing a given one such as the SFT adapter),
+  with checkpoints every ``save_steps`` and resumption from the last checkpoint of an unfinished run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+from trl.models.utils import unwrap_model_for_generation
+
+from prorag.agent.engine import RolloutEngine, get_adapter
+from prorag.llm.transformers_backend import TransformersGenerator
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+
+    from prorag.agent.trajectory import Rollout
+    from prorag.data.records import Question
+    from prorag.retrieval.base import Retriever
+    from prorag.training.process_rewards import Ratio, RolloutScorer
+
+logger = logging.getLogger(__name__)
+
+COMPLETED_MARKER: Final = "COMPLETED"
+"""Written into the output folder when training finished: its checkpoints are then not resumed."""
+REWARD_FIELD_PREFIX: Final = "reward_"
+STAT_PREFIX: Final = "agent/"
+
+
+class AgentRolloutFunction:
+    """TRL ``rollout_func`` running the multi-turn engine on the trainer's current policy (module docstring).
+
+    ``questions`` are the training questions; prompts arrive as their text (the dataset's ``prompt`` column,
+    see :func:`grpo_dataset`). ``seed`` is offset by the global step and the process index, so every step and
+    process samples differently and a resumed run samples as the uninterrupted one would.
+    """
+
+    def __init__(self, questions: Sequence[Question], retriever: Retriever, scorer: RolloutScorer, *,
+                 protocol: str = "hiprag", few_shot: bool = False, step_budget: int = 3, top_k: int = 3,
+                 max_new_tokens_per_turn: int = 96, max_total_new_tokens: int = 288, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int = 0, batch_size: int = 8) -> None:
+        self._questions: dict[str, Question] = {}
+        for question in questions:
+            known = self._questions.setdefault(question.question, question)
+            if known is not question and tuple(known.golden_answers) != tuple(question.golden_answers):
+                raise ValueError(f"questions {known.key!r} and {question.key!r} have the same text and different "
+                                 "answers; deduplicate the training set (grpo_dataset does)")
+        self.retriever = retriever
+        self.scorer = scorer
+        self.adapter = get_adapter(protocol, few_shot=few_shot)
+        self.engine_settings: dict[str, Any] = {
+            "step_budget": step_budget, "top_k": top_k, "max_new_tokens_per_turn": max_new_tokens_per_turn,
+            "max_total_new_tokens": max_total_new_tokens, "temperature": temperature, "top_p": top_p}
+        self.seed = seed
+        self.batch_size = batch_size
+        self.last_rollouts: list[Rollout] = []
+
+    @property
+    def reward_components(self) -> tuple[str, ...]:
+        return self.scorer.settings.components
+
+    def __call__(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
+        questions = [self._question(prompt) for prompt in prompts]
+        step = int(trainer.state.global_step)
+        seed = self.seed + 1_000_003 * step + 7_919 * trainer.accelerator.process_index
+        with policy_generator(trainer, batch_size=self.batch_size) as generator:
+            engine = RolloutEngine(generator, self.retriever, self.adapter, seed=seed, logprobs=True,
+                                   progress=False, **self.engine_settings)
+            rollouts = engine.run(questions)
+            scored = self.scorer.score(rollouts, generator, step=step)
+        if isinstance(trainer, AgentGRPOTrainer):
+            trainer.record_rollout_stats(scored.stats)
+        self.last_rollouts = rollouts
+        completions = [_completion_arrays(rollout) for rollout in rollouts]
+        return {
+            "prompt_ids": [list(rollout.prompt_token_ids) for rollout in rollouts],
+            "completion_ids": [ids for ids, _, _ in completions],
+            "logprobs": [logprobs for _, logprobs, _ in completions],
+            "env_mask": [mask for _, _, mask in completions],
+            **{REWARD_FIELD_PREFIX + name: values for name, values in scored.components.items()},
+        }
+
+    def _question(self, prompt: Any) -> Question:
+        text = prompt if isinstance(prompt, str) else None
+        if text is None or text not in self._questions:
+            raise KeyError(f"prompt {str(prompt)[:80]!r} is not one of the rollout function's training questions")
+        return self._questions[text]
+
+
+def _completion_arrays(rollout: Rollout) -> tuple[list[int], list[float], list[int]]:
+    ids: list[int] = []
+    logprobs: list[float] = []
+    mask: list[int] = []
+    for segment in rollout.segments:
+        ids.extend(segment.token_ids)
+        mask.extend([int(segment.generated)] * len(segment.token_ids))
+        values = segment.logprobs if segment.generated and segment.logprobs is not None else None
+        logprobs.extend(values if values is not None else [0.0] * len(segment.token_ids))
+    return ids, logprobs, mask
+
+
+@contextlib.contextmanager
+def policy_generator(trainer: GRPOTrainer, *, batch_size: int) -> Iterator[TransformersGenerator]:
+    """The trainer's current policy as a :class:`TransformersGenerator` (unwrapped, eval mode, no grad)."""
+    model = trainer.model_wrapped
+    with (unwrap_model_for_generation(model, trainer.accelerator,
+                                      gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                                      gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
+          as unwrapped, torch.no_grad()):
+        was_training = unwrapped.training
+        try:
+            yield TransformersGenerator((unwrapped, trainer.processing_class), batch_size=batch_size)
+        finally:
+            unwrapped.train(was_training)
+
+
+class ComponentReward:
+    """One reward component computed by the rollout function, handed to TRL as a reward function."""
+
+    def __init__(self, component: str) -> None:
+        self.component = component
+        self.__name__ = component
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        field = REWARD_FIELD_PREFIX + self.component
+        if field not in kwargs:
+            raise KeyError(f"the rollout function returned no {field!r} (use AgentRolloutFunction)")
+        return [float(value) for value in kwargs[field]]
+
+
+class AgentGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` with agent statistics in its logs and optional DAPO dynamic sampling (module docstring)."""
+
+    def __init__(self, *args: Any, drop_uniform_groups: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.drop_uniform_groups = drop_uniform_groups
+
+    def record_rollout_stats(self, stats: dict[str, Ratio]) -> None:
+        """Add ``(numerator, denominator)`` statistics, summed over processes, to the next logged metrics."""
+        names = sorted(stats)
+        local = torch.tensor([stats[name] for name in names], dtype=torch.float64, device=self.accelerator.device)
+        total = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 else local
+        mode = "train" if self.model.training else "eval"
+        for name, (numerator, denominator) in zip(names, total.tolist(), strict=True):
+            if denominator > 0:
+                self._metrics[mode][STAT_PREFIX + name].append(numerator / denominator)
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        if self.drop_uniform_groups and self.model.training:
+            self._drop_uniform_groups(output)
+        return output
+
+    def _drop_uniform_groups(self, output: dict[str, Any]) -> None:
+        advantages = output["advantages"]
+        size = self.num_generations
+        if advantages.shape[0] % size:
+            logger.warning("dynamic sampling skipped: %d local completions are not whole groups of %d",
+                           advantages.shape[0], size)
+            return
+        uniform = (advantages.view(-1, size).abs() < 1e-8).all(dim=1)
+        dropped = float(uniform.float().mean())
+        self._metrics["train"]["dapo/dropped_group_fraction"].append(dropped)
+        if not uniform.any() or uniform.all():  # nothing to drop, or nothing would remain (zero loss anyway)
+            return
+        keep = (~uniform).repeat_interleave(size).to(output["completion_mask"].dtype).unsqueeze(1)
+        output["completion_mask"] = output["completion_mask"] * keep
+        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+
+
+def grpo_dataset(questions: Sequence[Question]) -> Any:
+    """A ``datasets.Dataset`` with TRL's ``prompt`` column (the question text; duplicates by text dropped)."""
+    from datasets import Dataset
+
+    seen: set[str] = set()
+    rows = []
+    for question in questions:
+        if question.question in seen:
+            continue
+        seen.add(question.question)
+        rows.append({"prompt": question.question, "question_key": question.key, "dataset": question.dataset,
+                     "golden_answers": list(question.golden_answers)})
+    if not rows:
+        raise ValueError("no training question for GRPO")
+    return Dataset.from_list(rows)
+
+
+def build_grpo_trainer(
+    model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase],
+    questions: Sequence[Question],
+    rollout_function: AgentRolloutFunction,
+    checkpoint_dir: str | Path,
+    *,
+    adapter_dir: str | Path | None = None,
+    lora_r: int = 16,
+    lora_alpha: int = 32,
+    lora_dropout: float = 0.0,
+    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    learning_rate: float = 1e-5,
+    max_steps: int = 10,
+    per_device_train_batch_size: int = 4,
+    num_generations: int = 4,
+    gradient_accumulation_steps: int = 1,
+    loss_type: str = "grpo",
+    beta: float = 0.0,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    scale_rewards: str = "group",
+    drop_uniform_groups: bool = False,
+    temperature: float = 1.0,
+    seed: int = 0,
+    save_steps: int = 5,
+    save_total_limit: int | None = 2,
+    logging_steps: int = 1,
+    dtype: str = "float32",
+    gradient_checkpointing: bool = False,
+    use_cpu: bool = True,
+    callbacks: list[TrainerCallback] | None = None,
+) -> AgentGRPOTrainer:
+    """An :class:`AgentGRPOTrainer` training a LoRA policy with ``rollout_function`` (see :func:`train_grpo_lora`).
+
+    ``model`` is a registry spec or a loaded ``(model, tokenizer)``. ``adapter_dir`` continues training an
+    existing adapter (e.g. the SFT one) instead of a fresh LoRA. ``per_device_train_batch_size`` counts
+    completions (prompts × ``num_generations``).
+    """
+    from peft import LoraConfig, PeftModel
+
+    from prorag.llm.registry import load_causal_lm
+
+    policy, tokenizer = load_causal_lm(model, dtype=dtype) if isinstance(model, str) else model
+    peft_config = None
+    if adapter_dir is not None:
+        policy = PeftModel.from_pretrained(policy, str(adapter_dir), is_trainable=True)
+    else:
+        peft_config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                                 target_modules=list(target_modules), bias="none", task_type="CAUSAL_LM")
+    config = GRPOConfig(
+        output_dir=str(checkpoint_dir),
+        report_to=[],
+        use_cpu=use_cpu,
+        bf16=dtype == "bfloat16" and not use_cpu,
+        fp16=False,
+        learning_rate=learning_rate,
+        max_steps=max_steps,
+        per_device_train_batch_size=per_device_train_batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        num_generations=num_generations,
+        loss_type=loss_type,
+        beta=beta,
+        epsilon=epsilon,
+        epsilon_high=epsilon_high,
+        scale_rewards=scale_rewards,
+        temperature=temperature,
+        mask_truncated_completions=False,  # agent completions end with </answer>, not EOS
+        seed=seed,
+        data_seed=seed,
+        logging_steps=logging_steps,
+        save_strategy="steps",
+        save_steps=save_steps,
+        save_total_limit=save_total_limit,
+        activation_checkpointing=gradient_checkpointing,
+        remove_unused_columns=False,
+        shuffle_dataset=True,
+    )
+    # rollout_func is flagged experimental by TRL; the pinned TRL version is the one this module is tested with.
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    return AgentGRPOTrainer(
+        model=policy, args=config, processing_class=tokenizer, train_dataset=grpo_dataset(questions),
+        reward_funcs=[ComponentReward(name) for name in rollout_function.reward_components],
+        peft_config=peft_config, rollout_func=rollout_function, callbacks=callbacks,
+        drop_uniform_groups=drop_uniform_groups)
+
+
+def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], questions: Sequence[Question],
+                    rollout_function: AgentRolloutFunction, output_dir: str | Path, *, resume: bool = True,
+                    **trainer_settings: Any) -> tuple[Path, list[dict[str, Any]]]:
+    """Train with :func:`build_grpo_trainer`; save only the adapter, to ``output_dir / "adapter"``.
+
+    Checkpoints go to ``output_dir / "checkpoints"`` every ``save_steps``. With ``resume``, an unfinished run in
+    the same ``output_dir`` continues from its last checkpoint (the step count, optimizer, scheduler and RNG
+    states go on); a finished one is started afresh. Returns the adapter folder and ``log_history``.
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    output = Path(output_dir)
+    checkpoints = output / "checkpoints"
+    if (output / COMPLETED_MARKER).exists():
+        logger.info("%s holds a finished run: starting afresh", output)
+        shutil.rmtree(checkpoints, ignore_errors=True)
+        (output / COMPLETED_MARKER).unlink()
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    last = get_last_checkpoint(str(checkpoints)) if resume else None
+    trainer = build_grpo_trainer(model, questions, rollout_function, checkpoints, **trainer_settings)
+    if last is not None:
+        logger.info("resuming GRPO from %s", last)
+    trainer.train(resume_from_checkpoint=last)
+    adapter = output / "adapter"
+    trainer.model.save_pretrained(str(adapter))
+    (output / COMPLETED_MARKER).write_text(json.dumps({"global_step": trainer.state.global_step}))
+    logger.info("saved the GRPO LoRA adapter to %s after %d steps", adapter, trainer.state.global_step)
+    return adapter, list(trainer.state.log_history)

@@ -1,0 +1,162 @@
+"""Score a batch of agent rollouts for RL: the reward method's components per rollout, and batch statistics.
+
+Methods (``RewardSettings.method``):
+
+* ``hiprag`` — HiPRAG eq. 1 with over- and under-search detection (``λf``, ``λp`` from the settings);
+* ``search_r1`` — the outcome + format baseline: eq. 1 with ``λp = 0`` (no detection needed);
+* ``over_only`` / ``under_only`` — eq. 1 whose ``N_corr`` counts only one kind of suboptimal step (the paper's
+  ablations);
+* ``multistage`` — "Learning When to Search" eq. 12 (answer + search + format) with stage 1 before
+  ``stage_switch_step`` and stage 2 from it on. Its format reward checks its own protocol, so roll out with the
+  ``multistage`` protocol.
+
+Detection re-asks search queries to the *current* policy (the generator passed to :meth:`RolloutScorer.score`)
+and judges non-search steps; an unknown verdict (judge timeout, garbage, error) never counts as optimal, so a
+judge outage lowers ``N_corr`` and shows up as ``unknown_rate`` — it cannot inflate a reward.
+
+Statistics are returned as ``(numerator, denominator)`` pairs so that several processes' batches can be summed
+before the ratio is taken (OSR and USR are ratios of sums, eq. 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, Literal, get_args
+
+from prorag.judges.detection import StepVerdicts, detect
+from prorag.metrics.qa import cover_exact_match
+from prorag.metrics.search import search_behaviour
+from prorag.rewards.hiprag import rollout_reward
+from prorag.rewards.multistage import multistage_reward
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from prorag.agent.trajectory import Rollout
+    from prorag.judges.base import Judge
+    from prorag.llm.generation import Generator
+
+RewardMethod = Literal["hiprag", "search_r1", "over_only", "under_only", "multistage"]
+REWARD_METHODS: Final[tuple[str, ...]] = get_args(RewardMethod)
+HIPRAG_COMPONENTS: Final = ("outcome", "format", "process")
+MULTISTAGE_COMPONENTS: Final = ("answer", "search", "format")
+
+Ratio = tuple[float, float]
+"""A statistic as ``(numerator, denominator)``."""
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    """Which reward to train with and its coefficients (the paper's defaults)."""
+
+    method: RewardMethod = "hiprag"
+    lambda_f: float = 0.2
+    lambda_p: float = 0.4
+    beta: float = 0.3
+    """Multi-stage: the retrieval penalty of the stage-2 answer reward."""
+    stage_switch_step: int = 0
+    """Multi-stage: the first training step of stage 2."""
+    judge_for_metrics: bool = False
+    """Run detection even when the reward does not need it (search_r1, multistage), to log OSR/USR."""
+    reask_max_new_tokens: int = 48
+
+    def __post_init__(self) -> None:
+        if self.method not in REWARD_METHODS:
+            raise ValueError(f"reward method must be one of {REWARD_METHODS}, got {self.method!r}")
+        if not 0 <= self.lambda_f <= 1 or self.lambda_p < 0:
+            raise ValueError(f"need 0 <= lambda_f <= 1 and lambda_p >= 0, got {self.lambda_f}, {self.lambda_p}")
+
+    @property
+    def effective_lambda_p(self) -> float:
+        return 0.0 if self.method == "search_r1" else self.lambda_p
+
+    @property
+    def detection_mode(self) -> Literal["both", "over_only", "under_only"]:
+        return self.method if self.method in ("over_only", "under_only") else "both"  # type: ignore[return-value]
+
+    @property
+    def needs_detection(self) -> bool:
+        hierarchical = self.method in ("hiprag", "over_only", "under_only") and self.effective_lambda_p > 0
+        return hierarchical or self.judge_for_metrics
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return MULTISTAGE_COMPONENTS if self.method == "multistage" else HIPRAG_COMPONENTS
+
+
+@dataclass
+class ScoredBatch:
+    """Per-rollout reward components (``components[name][i]``) and the batch statistics."""
+
+    components: dict[str, list[float]]
+    totals: list[float]
+    stats: dict[str, Ratio] = field(default_factory=dict)
+    verdicts: list[StepVerdicts] | None = None
+
+
+class RolloutScorer:
+    """Reward a batch of rollouts with one method (see the module docstring)."""
+
+    def __init__(self, settings: RewardSettings, over_judge: Judge | None = None, under_judge: Judge | None = None,
+                 embed: Callable[[Sequence[str]], np.ndarray] | None = None) -> None:
+        if settings.needs_detection and (over_judge is None or under_judge is None):
+            raise ValueError(f"reward method {settings.method!r} needs an over-search and an under-search judge")
+        if settings.method == "multistage" and embed is None:
+            raise ValueError("reward method 'multistage' needs embed (its search reward compares query embeddings)")
+        self.settings = settings
+        self.over_judge = over_judge
+        self.under_judge = under_judge
+        self.embed = embed
+
+    def score(self, rollouts: Sequence[Rollout], policy: Generator, step: int = 0) -> ScoredBatch:
+        """Score ``rollouts``; ``policy`` answers the re-asked queries; ``step`` picks the multi-stage stage."""
+        settings = self.settings
+        verdicts: list[StepVerdicts] | None = None
+        if settings.needs_detection and rollouts:
+            assert self.over_judge is not None and self.under_judge is not None
+            verdicts = detect(rollouts, policy, self.over_judge, self.under_judge,
+                              reask_max_new_tokens=settings.reask_max_new_tokens, mode=settings.detection_mode)
+        components: dict[str, list[float]] = {name: [] for name in settings.components}
+        totals: list[float] = []
+        stage = 1 if step < settings.stage_switch_step else 2
+        for index, rollout in enumerate(rollouts):
+            if settings.method == "multistage":
+                correct = bool(cover_exact_match(rollout.answer, rollout.golden_answers))
+                result = multistage_reward(rollout.completion, correct, stage, beta=settings.beta, embed=self.embed,
+                                           queries=rollout.queries, retrieval_count=rollout.retrieval_count)
+                values = {"answer": result.answer, "search": result.search, "format": result.format}
+                total = result.total
+            else:
+                reward = rollout_reward(rollout, None if verdicts is None else verdicts[index],
+                                        lambda_f=settings.lambda_f, lambda_p=settings.effective_lambda_p,
+                                        mode=settings.detection_mode).reward
+                values = {"outcome": reward.outcome, "format": reward.format, "process": reward.process}
+                total = reward.total
+            for name in settings.components:
+                components[name].append(float(values[name]))
+            totals.append(float(total))
+        return ScoredBatch(components, totals, batch_stats(rollouts, verdicts), verdicts)
+
+
+def batch_stats(rollouts: Sequence[Rollout], verdicts: Sequence[StepVerdicts] | None) -> dict[str, Ratio]:
+    """Format rate, CEM, steps, search ratio, retrievals, tokens and — with verdicts — OSR, USR, unknown rate."""
+    count = float(len(rollouts))
+    behaviour = search_behaviour(verdicts if verdicts is not None else rollouts)
+    stats: dict[str, Ratio] = {
+        "format_rate": (float(sum(rollout.format_ok for rollout in rollouts)), count),
+        "cem": (float(sum(cover_exact_match(rollout.answer, rollout.golden_answers) for rollout in rollouts)),
+                count),
+        "retrieval_count": (float(sum(rollout.retrieval_count for rollout in rollouts)), count),
+        "steps": (float(sum(rollout.n_steps for rollout in rollouts if rollout.format_ok)),
+                  float(sum(rollout.format_ok for rollout in rollouts))),
+        "generated_tokens": (float(sum(rollout.generated_tokens for rollout in rollouts)), count),
+        "context_tokens": (float(sum(rollout.context_tokens for rollout in rollouts)), count),
+        "search_ratio": (float(behaviour.search_steps), float(behaviour.search_steps + behaviour.non_search_steps)),
+    }
+    if verdicts is not None:
+        stats["osr"] = (float(behaviour.over_search), float(behaviour.over_known))
+        stats["usr"] = (float(behaviour.under_search), float(behaviour.under_known))
+        unknown = behaviour.over_unknown + behaviour.under_unknown
+        stats["unknown_rate"] = (float(unknown), float(unknown + behaviour.over_known + behaviour.under_known))
+    return stats

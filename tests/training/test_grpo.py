@@ -1,0 +1,181 @@
+"""GRPO with TRL over the rollout engine: the rollout function's ids and masks, training with agent metrics in the
+logs and MLflow, DAPO's dynamic sampling, and a run killed with SIGKILL that resumes from its last checkpoint."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+
+from prorag.data.records import Passage, load_questions
+from prorag.judges import ReferenceJudge
+from prorag.llm.registry import BUNDLED_TINY_LLAMA
+from prorag.retrieval.bm25 import BM25Retriever
+from prorag.retrieval.store import PassageStore
+from prorag.tracking.callbacks import MlflowStepMetrics
+from prorag.training.grpo import (
+    COMPLETED_MARKER,
+    AgentRolloutFunction,
+    build_grpo_trainer,
+    grpo_dataset,
+    train_grpo_lora,
+)
+from prorag.training.process_rewards import RewardSettings, RolloutScorer
+
+ROOT = Path(__file__).resolve().parents[2]
+RAW = ROOT / "data" / "01_raw"
+TINY_ROLLOUT = {"step_budget": 1, "max_new_tokens_per_turn": 8, "max_total_new_tokens": 16, "batch_size": 4}
+TINY_TRAINER = {"per_device_train_batch_size": 4, "num_generations": 2, "learning_rate": 1e-3}
+
+SCRIPT = textwrap.dedent("""
+    import itertools, json, os, signal, sys
+    from pathlib import Path
+    from transformers import TrainerCallback
+    from prorag.data.records import Passage, load_questions
+    from prorag.judges import ReferenceJudge
+    from prorag.llm.registry import BUNDLED_TINY_LLAMA
+    from prorag.retrieval.bm25 import BM25Retriever
+    from prorag.retrieval.store import PassageStore
+    from prorag.training.grpo import AgentRolloutFunction, train_grpo_lora
+    from prorag.training.process_rewards import RewardSettings, RolloutScorer
+
+    raw, out, kill_at = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+
+    class KillAfterSave(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            with (out / "trained_steps.jsonl").open("a") as handle:
+                handle.write(json.dumps({"pid": os.getpid(), "step": state.global_step}) + "\\n")
+
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    with (raw / "corpus" / "hotpotqa.jsonl").open() as handle:
+        passages = [Passage.from_dict(json.loads(line)) for line in itertools.islice(handle, 50)]
+    questions = load_questions(raw / "qa" / "hotpotqa.jsonl")[:4]
+    retriever = BM25Retriever.build(PassageStore(passages))
+    judge = ReferenceJudge(retriever)
+    scorer = RolloutScorer(RewardSettings(), judge, judge)
+    function = AgentRolloutFunction(questions, retriever, scorer, seed=0, **json.loads(sys.argv[4]))
+    _, history = train_grpo_lora(BUNDLED_TINY_LLAMA, questions, function, out, max_steps=3, save_steps=1,
+                                 save_total_limit=None, callbacks=[KillAfterSave()], **json.loads(sys.argv[5]))
+    (out / "history.json").write_text(json.dumps(history))
+""")
+
+
+@pytest.fixture(scope="module")
+def questions():
+    return load_questions(RAW / "qa" / "hotpotqa.jsonl")[:4]
+
+
+@pytest.fixture(scope="module")
+def retriever():
+    with (RAW / "corpus" / "hotpotqa.jsonl").open(encoding="utf-8") as handle:
+        passages = [Passage.from_dict(json.loads(line)) for line in itertools.islice(handle, 50)]
+    return BM25Retriever.build(PassageStore(passages))
+
+
+@pytest.fixture(scope="module")
+def rollout_function(questions, retriever, one_torch_thread):
+    judge = ReferenceJudge(retriever)
+    return AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), seed=0,
+                                **TINY_ROLLOUT)
+
+
+def test_rollout_function_returns_the_exact_ids_logprobs_and_env_mask(questions, rollout_function, tmp_path):
+    trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path, **TINY_TRAINER)
+    prompts = [question.question for question in questions[:2] for _ in range(2)]
+    output = rollout_function(prompts, trainer)
+
+    assert trainer.model.training  # restored after generating in eval mode
+    rollouts = rollout_function.last_rollouts
+    assert [rollout.question_key for rollout in rollouts] == [q.key for q in questions[:2] for _ in range(2)]
+    for index, rollout in enumerate(rollouts):
+        completion, mask = output["completion_ids"][index], output["env_mask"][index]
+        assert output["prompt_ids"][index] == rollout.prompt_token_ids
+        assert completion == rollout.completion_token_ids and mask == rollout.env_mask
+        assert len(output["logprobs"][index]) == len(completion)
+        inserted = [segment for segment in rollout.segments if not segment.generated]
+        assert inserted  # the engine's opening tags at least
+        assert sum(mask) == rollout.generated_tokens
+        generated_logprobs = [lp for lp, keep in zip(output["logprobs"][index], mask, strict=True) if keep]
+        assert all(lp <= 0.0 for lp in generated_logprobs)
+    assert set(output) >= {"reward_outcome", "reward_format", "reward_process"}
+    assert len(output["reward_outcome"]) == 4
+    with pytest.raises(KeyError, match="not one of the rollout function's training questions"):
+        rollout_function(["An unknown question?"], trainer)
+
+
+def test_training_logs_agent_metrics_to_mlflow_and_saves_the_adapter(questions, rollout_function, tmp_path,
+                                                                    mlflow_uri):
+    with mlflow.start_run() as run:
+        adapter, history = train_grpo_lora(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path, max_steps=2,
+                                           save_steps=1, callbacks=[MlflowStepMetrics("rl")], **TINY_TRAINER)
+    assert (adapter / "adapter_config.json").is_file()
+    assert (tmp_path / COMPLETED_MARKER).is_file()
+    steps = [entry for entry in history if "loss" in entry]
+    assert [entry["step"] for entry in steps] == [1, 2]
+    for name in ("reward", "rewards/outcome/mean", "rewards/process/mean", "agent/format_rate", "agent/cem",
+                 "agent/retrieval_count", "agent/generated_tokens", "num_tokens"):
+        assert name in steps[0], name
+    client = mlflow.tracking.MlflowClient()
+    curve = client.get_metric_history(run.info.run_id, "rl.agent/format_rate")
+    assert [point.step for point in curve] == [1, 2]
+    assert [point.step for point in client.get_metric_history(run.info.run_id, "rl.reward")] == [1, 2]
+
+
+def test_dynamic_sampling_drops_groups_whose_rewards_are_equal(questions, rollout_function, tmp_path):
+    trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path,
+                                 drop_uniform_groups=True, **TINY_TRAINER)
+    output = {"advantages": torch.tensor([0.7, -0.7, 0.0, 0.0]), "completion_mask": torch.ones(4, 3, dtype=torch.int),
+              "tool_mask": torch.tensor([[1, 0, 1]] * 4), "num_items_in_batch": torch.tensor(8)}
+    trainer._drop_uniform_groups(output)
+    assert output["completion_mask"].tolist() == [[1, 1, 1], [1, 1, 1], [0, 0, 0], [0, 0, 0]]
+    assert int(output["num_items_in_batch"]) == 4  # the loss is normalized by the remaining tokens
+    assert trainer._metrics["train"]["dapo/dropped_group_fraction"] == [0.5]
+
+    all_uniform = {"advantages": torch.zeros(4), "completion_mask": torch.ones(4, 2, dtype=torch.int),
+                   "num_items_in_batch": torch.tensor(8)}
+    trainer._drop_uniform_groups(all_uniform)
+    assert all_uniform["completion_mask"].sum() == 8  # nothing would remain: kept (its loss is zero anyway)
+
+
+def test_grpo_dataset_has_the_prompt_column_and_drops_duplicate_texts(questions):
+    dataset = grpo_dataset([*questions, questions[0]])
+    assert dataset.column_names[:2] == ["prompt", "question_key"]
+    assert dataset["prompt"] == [question.question for question in questions]
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, one_torch_thread):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    arguments = [sys.executable, str(script), str(RAW), str(out)]
+    settings = [json.dumps(TINY_ROLLOUT), json.dumps(TINY_TRAINER)]
+    killed = subprocess.run([*arguments, "2", *settings], env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    checkpoints = sorted(path.name for path in (out / "checkpoints").glob("checkpoint-*"))
+    assert checkpoints == ["checkpoint-1", "checkpoint-2"]
+    assert not (out / COMPLETED_MARKER).exists() and not (out / "adapter").exists()
+
+    resumed = subprocess.run([*arguments, "0", *settings], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    trained = [json.loads(line) for line in (out / "trained_steps.jsonl").read_text().splitlines()]
+    pids = dict.fromkeys(entry["pid"] for entry in trained)
+    runs = [[entry["step"] for entry in trained if entry["pid"] == pid] for pid in pids]
+    assert runs == [[1, 2], [3]]  # the second process trained only the missing step
+    history = json.loads((out / "history.json").read_text())
+    assert [entry["step"] for entry in history if "loss" in entry] == [1, 2, 3]  # the log continues too
+    assert json.loads((out / COMPLETED_MARKER).read_text()) == {"global_step": 3}
+    assert (out / "adapter" / "adapter_config.json").is_file()

@@ -1,0 +1,130 @@
+"""RL reward scoring: eq. 1 with detection by the current policy, the baseline and ablations, multi-stage stages,
+batch statistics, and a judge outage that yields unknown verdicts instead of rewards."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from prorag.agent.trajectory import Rollout
+from prorag.data.records import Passage
+from prorag.judges import LLMJudge, ReferenceJudge
+from prorag.llm.registry import BUNDLED_TINY_LLAMA
+from prorag.llm.transformers_backend import TransformersGenerator
+from prorag.retrieval.bm25 import BM25Retriever
+from prorag.retrieval.embedder import load_embedder
+from prorag.retrieval.store import PassageStore
+from prorag.rewards import count_optimal
+from prorag.training.process_rewards import RewardSettings, RolloutScorer, batch_stats
+
+PASSAGES = [
+    Passage("p1", "Steven Spielberg", "Steven Allan Spielberg is an American filmmaker born in Cincinnati, Ohio."),
+    Passage("p2", "Jaws (film)", "Jaws is a 1975 American thriller film directed by Steven Spielberg."),
+]
+JAWS = "Doc 1(Title: Jaws (film)) Jaws is a 1975 American thriller film directed by Steven Spielberg."
+SPIELBERG = "Doc 1(Title: Steven Spielberg) Steven Allan Spielberg is an American filmmaker born in Cincinnati, Ohio."
+
+
+def _step(kind: str, conclusion: str, query: str | None = None, context: str | None = None) -> dict:
+    return {"kind": kind, "reasoning": "Reasoning.", "query": query, "context": context, "conclusion": conclusion}
+
+
+def _rollout(key: str, steps: list[dict] | None, answer: str | None, gold: str = "Cincinnati",
+             retrievals: int = 0) -> Rollout:
+    return Rollout(question_key=key, question_id=key, dataset="test", question="Where was the director of Jaws born?",
+                   golden_answers=(gold,), method="agent", protocol="hiprag", prompt="", prompt_token_ids=[],
+                   completion="", segments=[], steps=steps, format_ok=steps is not None,
+                   n_steps=len(steps) if steps is not None else -1, answer=answer, stop_reason="answer",
+                   retrieval_count=retrievals, queries=["Jaws director"] * retrievals, retrieved_ids=[],
+                   generated_tokens=40, context_tokens=30 * retrievals, tag_tokens=5, turns=2)
+
+
+ROLLOUTS = [
+    _rollout("good", [_step("search", "Jaws was directed by Steven Spielberg.", "Jaws director", JAWS),
+                      _step("search", "Spielberg was born in Cincinnati.", "Spielberg birthplace", SPIELBERG),
+                      _step("non_search", "So the director of Jaws was born in Cincinnati.")],
+             "Cincinnati", retrievals=2),
+    _rollout("broken", None, None),
+    _rollout("wrong", [_step("non_search", "Spielberg was born in Denver, Colorado.")], "Denver"),
+]
+
+
+@pytest.fixture(scope="module")
+def policy(one_torch_thread) -> TransformersGenerator:
+    return TransformersGenerator(BUNDLED_TINY_LLAMA, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def judge() -> ReferenceJudge:
+    return ReferenceJudge(BM25Retriever.build(PassageStore(PASSAGES)), top_k=2)
+
+
+def test_search_r1_needs_no_judge_and_has_no_process_term(policy):
+    scored = RolloutScorer(RewardSettings(method="search_r1")).score(ROLLOUTS, policy)
+    assert scored.verdicts is None
+    assert scored.components["process"] == [0.0, 0.0, 0.0]
+    assert scored.totals == pytest.approx([0.8 + 0.2, 0.0, 0.2])
+    assert "osr" not in scored.stats
+
+
+def test_hiprag_adds_the_process_bonus_of_the_optimal_steps(policy, judge):
+    scored = RolloutScorer(RewardSettings(method="hiprag"), judge, judge).score(ROLLOUTS, policy)
+    assert scored.verdicts is not None
+    optimal = count_optimal(scored.verdicts[0], "both")
+    assert optimal.n_steps == 3
+    assert scored.components["process"][0] == pytest.approx(0.4 * optimal.n_optimal / 3)
+    assert scored.components["process"][1:] == [0.0, 0.0]  # broken format; wrong answer (A = 0)
+    assert scored.totals == pytest.approx([sum(values) for values in zip(*scored.components.values(), strict=True)])
+    assert set(scored.stats) >= {"osr", "usr", "unknown_rate", "format_rate", "cem", "search_ratio"}
+
+
+def test_ablations_check_one_step_kind(policy, judge):
+    over = RolloutScorer(RewardSettings(method="over_only"), judge, judge).score(ROLLOUTS, policy)
+    under = RolloutScorer(RewardSettings(method="under_only"), judge, judge).score(ROLLOUTS, policy)
+    assert over.stats["usr"][1] == 0 and over.stats["osr"][1] == 2  # only the search steps were judged
+    assert under.stats["osr"][1] == 0 and under.stats["usr"][1] == 2
+
+
+def test_a_judge_outage_gives_unknown_verdicts_and_no_bonus(policy):
+    with socket.socket() as probe:  # a port nothing listens on: every judge call fails fast
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dead = LLMJudge(f"http://127.0.0.1:{port}/v1", "judge", None, timeout=2.0, max_retries=0)
+    try:
+        scored = RolloutScorer(RewardSettings(method="hiprag"), dead, dead).score(ROLLOUTS, policy)
+    finally:
+        dead.close()
+    baseline = RolloutScorer(RewardSettings(method="search_r1")).score(ROLLOUTS, policy)
+    assert scored.components["process"] == [0.0, 0.0, 0.0]
+    assert scored.totals == pytest.approx(baseline.totals)
+    unknown, checked = scored.stats["unknown_rate"]
+    assert checked == 4 and unknown == 4
+    assert scored.stats["osr"] == (0.0, 0.0) and scored.stats["usr"] == (0.0, 0.0)
+
+
+def test_hierarchical_methods_refuse_to_run_without_judges():
+    with pytest.raises(ValueError, match="needs an over-search and an under-search judge"):
+        RolloutScorer(RewardSettings(method="hiprag"))
+    with pytest.raises(ValueError, match="reward method"):
+        RewardSettings(method="best")  # type: ignore[arg-type]
+
+
+def test_multistage_switches_stage_at_the_configured_step(policy):
+    with pytest.raises(ValueError, match="needs embed"):
+        RolloutScorer(RewardSettings(method="multistage"))
+    scorer = RolloutScorer(RewardSettings(method="multistage", stage_switch_step=3, beta=0.3),
+                           embed=load_embedder("hashing:64").encode_queries)
+    stage1 = scorer.score(ROLLOUTS[:1], policy, step=2)
+    stage2 = scorer.score(ROLLOUTS[:1], policy, step=3)
+    assert set(stage1.components) == {"answer", "search", "format"}
+    assert stage2.components["answer"][0] < stage1.components["answer"][0]  # stage 2 charges the 2 retrievals
+
+
+def test_batch_stats_are_ratios_of_sums():
+    stats = batch_stats(ROLLOUTS, None)
+    assert stats["format_rate"] == (2.0, 3.0)
+    assert stats["cem"] == (1.0, 3.0)
+    assert stats["retrieval_count"] == (2.0, 3.0)
+    assert stats["steps"] == (4.0, 2.0)  # well-formed rollouts only
+    assert stats["search_ratio"] == (2.0, 4.0)
