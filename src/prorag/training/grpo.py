@@ -311,18 +311,22 @@ def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
 
     output = Path(output_dir)
     checkpoints = output / "checkpoints"
-    if (output / COMPLETED_MARKER).exists():
-        logger.info("%s holds a finished run: starting afresh", output)
-        shutil.rmtree(checkpoints, ignore_errors=True)
-        (output / COMPLETED_MARKER).unlink()
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    last = get_last_checkpoint(str(checkpoints)) if resume else None
     trainer = build_grpo_trainer(model, questions, rollout_function, checkpoints, **trainer_settings)
+    if trainer.accelerator.is_main_process:  # under `accelerate launch` only the main process edits the folder
+        if (output / COMPLETED_MARKER).exists():
+            logger.info("%s holds a finished run: starting afresh", output)
+            shutil.rmtree(checkpoints, ignore_errors=True)
+            (output / COMPLETED_MARKER).unlink()
+        checkpoints.mkdir(parents=True, exist_ok=True)
+    trainer.accelerator.wait_for_everyone()
+    last = get_last_checkpoint(str(checkpoints)) if resume else None
     if last is not None:
         logger.info("resuming GRPO from %s", last)
     trainer.train(resume_from_checkpoint=last)
     adapter = output / "adapter"
-    trainer.model.save_pretrained(str(adapter))
-    (output / COMPLETED_MARKER).write_text(json.dumps({"global_step": trainer.state.global_step}))
+    trainer.save_model(str(adapter))  # the adapter only (PEFT), gathered under ZeRO-3, written by the main process
+    if trainer.accelerator.is_main_process:
+        (output / COMPLETED_MARKER).write_text(json.dumps({"global_step": trainer.state.global_step}))
+    trainer.accelerator.wait_for_everyone()
     logger.info("saved the GRPO LoRA adapter to %s after %d steps", adapter, trainer.state.global_step)
     return adapter, list(trainer.state.log_history)

@@ -1,39 +1,21 @@
-"""SFT synthesis and LoRA SFT nodes on real questions, with the tiny random policy (plumbing)."""
+"""SFT synthesis and LoRA SFT nodes on real questions, with the tiny random policy (plumbing).
 
-from pathlib import Path
+The ``questions`` and ``index`` fixtures are in tests/pipelines/conftest.py."""
+
 
 import pytest
 from kedro.io import Version
 from peft import PeftModel
 
-from prorag.data import load_corpus, load_questions
 from prorag.datasets import DirectoryDataset
 from prorag.llm import BUNDLED_TINY_LLAMA, load_causal_lm
 from prorag.pipeline_registry import register_pipelines
-from prorag.pipelines.rollout.nodes import RolloutParams, concat_trajectories, run_adapter_rollouts
+from prorag.pipelines.rollout.nodes import RolloutParams, concat_trajectories, run_sft_policy_rollouts
 from prorag.pipelines.sft.nodes import SftParams, train_sft
 from prorag.pipelines.sft_synthesis.nodes import SftSynthesisParams, synthesize_sft_data
 from prorag.protocol.hiprag import check_format
-from prorag.retrieval import build_retrieval_index
-
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
-RAW = PROJECT_ROOT / "data" / "01_raw"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def questions():
-    return [q.to_dict() for name in ("musique_train", "hotpotqa")
-            for q in load_questions(RAW / "qa" / f"{name}.jsonl")[:4]]
-
-
-@pytest.fixture(scope="module")
-def index(questions):
-    wanted = {pid for q in questions for pid in q.get("supporting_passage_ids", []) + q.get("context_passage_ids", [])}
-    corpus = [p for p in load_corpus([RAW / "corpus" / "musique_train.jsonl", RAW / "corpus" / "hotpotqa.jsonl"])
-              if p.id in wanted]
-    return build_retrieval_index(corpus, "hashing:64", show_progress=False)
 
 
 def test_synthesis_excludes_evaluated_questions(questions, index):
@@ -66,17 +48,18 @@ def test_sft_adapter_is_saved_versioned_and_rolls_out(questions, index, tmp_path
     rollout = RolloutParams(
         questions={"max_per_source": 1}, policy={"model": BUNDLED_TINY_LLAMA},
         methods=[{"name": "direct", "kind": "direct", "max_new_tokens": 4}],
-        sft_methods=[{"name": "agent_sft", "kind": "agent", "step_budget": 1, "max_new_tokens_per_turn": 8,
+        trained_methods=[{"name": "agent", "kind": "agent", "step_budget": 1, "max_new_tokens_per_turn": 8,
                       "max_total_new_tokens": 8, "few_shot": False}],
         retriever="bm25")
-    trajectories = run_adapter_rollouts(questions[:2], index, saved, rollout)
+    trajectories = run_sft_policy_rollouts(questions[:2], index, saved, rollout)
     assert {t["method"] for t in trajectories} == {"agent_sft"}
     assert len(concat_trajectories([{"a": 1}], trajectories)) == 1 + len(trajectories)
 
 
-def test_method_names_are_unique_across_base_and_sft():
+def test_method_names_are_unique_across_base_and_trained_policies():
     with pytest.raises(ValueError, match="repeated"):
-        RolloutParams(methods=[{"name": "x", "kind": "direct"}], sft_methods=[{"name": "x", "kind": "agent"}])
+        RolloutParams(methods=[{"name": "x_sft", "kind": "direct"}], trained_methods=[{"name": "x", "kind": "agent"}])
+    RolloutParams(methods=[{"name": "x", "kind": "direct"}], trained_methods=[{"name": "x", "kind": "agent"}])
 
 
 def test_train_sft_pipeline_evaluates_base_and_sft_together():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field, model_validator
 
@@ -14,6 +14,8 @@ from prorag.llm.factory import build_generator
 from prorag.llm.generation import Generator
 from prorag.llm.registry import BUNDLED_SMOLLM2
 from prorag.retrieval import RetrievalClient, RetrievalIndex, Retriever
+
+TRAINING_STAGES: Final = ("sft", "rl")
 
 
 class PolicyParams(StrictModel):
@@ -33,7 +35,7 @@ class MethodParams(StrictModel):
 
     name: str = Field(min_length=1)
     kind: Literal["direct", "standard_rag", "agent"]
-    protocol: Literal["hiprag", "search_r1"] = "hiprag"
+    protocol: Literal["hiprag", "search_r1", "multistage"] = "hiprag"
     step_budget: int = Field(default=4, ge=1)
     max_new_tokens: int = Field(default=64, ge=1)
     max_new_tokens_per_turn: int = Field(default=256, ge=1)
@@ -65,15 +67,18 @@ class RolloutParams(StrictModel):
     seed: int = 0
     samples: int = Field(default=1, ge=1)
     """Trajectories per question for agent methods (GRPO-style groups); baselines answer once."""
-    sft_methods: list[MethodParams] = Field(default_factory=list)
-    """Methods rolled out with the SFT adapter merged into the policy (pipelines that train one)."""
+    trained_methods: list[MethodParams] = Field(default_factory=list)
+    """Methods rolled out with each trained adapter (SFT, RL) merged into the policy; their names get the
+    training stage as a suffix (``hiprag_agent`` → ``hiprag_agent_sft``, ``hiprag_agent_rl``)."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> RolloutParams:
-        names = [method.name for method in (*self.methods, *self.sft_methods)]
+        names = [method.name for method in self.methods]
+        names += [f"{method.name}_{stage}" for method in self.trained_methods for stage in TRAINING_STAGES]
         repeated = [name for name, count in Counter(names).items() if count > 1]
         if repeated:
-            raise ValueError(f"method names (methods and sft_methods) must be unique, repeated: {repeated}")
+            raise ValueError(f"method names (methods, and trained_methods with their stage suffixes) must be "
+                             f"unique, repeated: {repeated}")
         return self
 
 
@@ -105,12 +110,25 @@ def run_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex,
     return _run_methods(params.methods, question_records, index, params, params.policy.adapter)
 
 
-def run_adapter_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex, adapter_dir: str,
-                         params: RolloutParams) -> list[dict[str, Any]]:
-    """``rollout.sft_methods`` with a trained adapter (e.g. the SFT one) merged into the policy."""
-    if not params.sft_methods:
-        raise ValueError("rollout.sft_methods is empty: nothing to roll out with the trained adapter")
-    return _run_methods(params.sft_methods, question_records, index, params, adapter_dir)
+def run_sft_policy_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex, adapter_dir: str,
+                            params: RolloutParams) -> list[dict[str, Any]]:
+    """``rollout.trained_methods`` with the SFT adapter merged into the policy (methods named ``*_sft``)."""
+    return run_trained_rollouts(question_records, index, adapter_dir, params, "sft")
+
+
+def run_rl_policy_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex, adapter_dir: str,
+                           params: RolloutParams) -> list[dict[str, Any]]:
+    """``rollout.trained_methods`` with the RL adapter merged into the policy (methods named ``*_rl``)."""
+    return run_trained_rollouts(question_records, index, adapter_dir, params, "rl")
+
+
+def run_trained_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex, adapter_dir: str,
+                         params: RolloutParams, stage: str) -> list[dict[str, Any]]:
+    """``rollout.trained_methods`` with a trained adapter merged in; method names get ``_<stage>``."""
+    if not params.trained_methods:
+        raise ValueError("rollout.trained_methods is empty: nothing to roll out with the trained adapter")
+    methods = [method.model_copy(update={"name": f"{method.name}_{stage}"}) for method in params.trained_methods]
+    return _run_methods(methods, question_records, index, params, adapter_dir)
 
 
 def concat_trajectories(*trajectory_sets: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -33,6 +33,8 @@ class SftParams(StrictModel):
     seed: int = 0
     dtype: str = "float32"
     gradient_checkpointing: bool = False
+    use_cpu: bool = True
+    """False on GPUs (conf/gpu)."""
 
 
 def train_sft(trajectory_records: list[dict[str, Any]], params: SftParams) -> tuple[str, list[dict[str, Any]]]:
@@ -48,7 +50,8 @@ def train_sft(trajectory_records: list[dict[str, Any]], params: SftParams) -> tu
         learning_rate=params.learning_rate, num_train_epochs=params.num_train_epochs, max_steps=params.max_steps,
         per_device_train_batch_size=params.per_device_train_batch_size,
         gradient_accumulation_steps=params.gradient_accumulation_steps, seed=params.seed, dtype=params.dtype,
-        gradient_checkpointing=params.gradient_checkpointing)
+        gradient_checkpointing=params.gradient_checkpointing, use_cpu=params.use_cpu,
+        bf16=params.dtype == "bfloat16" and not params.use_cpu)
     curve = [{"step": int(entry["step"]), **{key: float(value) for key, value in entry.items()
                                               if key in ("loss", "learning_rate", "grad_norm", "train_loss")}}
              for entry in history if "step" in entry]

@@ -1,0 +1,94 @@
+"""The RL nodes with the tiny random policy: question selection, GRPO from an adapter, resumable run folders,
+and the train / train_rl pipelines wiring base, SFT and RL policies into one evaluation."""
+
+from __future__ import annotations
+
+import pytest
+from peft import LoraConfig, get_peft_model
+
+from prorag.data import Question
+from prorag.llm import BUNDLED_TINY_LLAMA, load_causal_lm
+from prorag.pipeline_registry import register_pipelines
+from prorag.pipelines.reward_judging.nodes import RewardJudgingParams
+from prorag.pipelines.rl.nodes import RLParams, run_fingerprint, select_rl_questions, train_rl
+from prorag.training.grpo import COMPLETED_MARKER
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def start_adapter(tmp_path_factory) -> str:
+    """A LoRA adapter to continue (the SFT adapter's role)."""
+    model, _ = load_causal_lm(BUNDLED_TINY_LLAMA)
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    folder = tmp_path_factory.mktemp("sft") / "adapter"
+    peft.save_pretrained(str(folder))
+    return str(folder)
+
+
+def _params(tmp_path, **reward) -> RLParams:
+    return RLParams(model=BUNDLED_TINY_LLAMA, retriever="bm25", run_root=str(tmp_path / "runs"),
+                    reward={"method": "hiprag", **reward},
+                    agent={"step_budget": 1, "max_new_tokens_per_turn": 8, "max_total_new_tokens": 16},
+                    trainer={"max_steps": 1, "per_device_train_batch_size": 4, "num_generations": 2,
+                             "save_steps": 1})
+
+
+def test_rl_questions_never_include_evaluated_ones(questions):
+    evaluated = [q for q in questions if q["source"] == "hotpotqa"][:2]
+    selected = select_rl_questions(questions, evaluated, RLParams())
+    keys = {f"{q['dataset']}/{q['id']}" for q in selected}
+    assert len(selected) == len(questions) - 2
+    assert not keys & {f"{q['dataset']}/{q['id']}" for q in evaluated}
+    with pytest.raises(ValueError, match=r"rl.questions.sources names \['bamboogle'\]"):
+        select_rl_questions(questions, [], RLParams(questions={"sources": ["bamboogle"]}))
+
+
+def test_rl_params_are_checked():
+    with pytest.raises(ValueError, match="multistage"):
+        RLParams(reward={"method": "multistage"})
+    RLParams(reward={"method": "multistage"}, agent={"protocol": "multistage"})
+    with pytest.raises(ValueError, match="loss_type"):
+        RLParams(trainer={"loss_type": "ppo"})
+    with pytest.raises(ValueError, match="extra"):
+        RLParams(trainer={"learning_rat": 1e-5})
+
+
+def test_train_rl_continues_the_adapter_and_logs_each_step(questions, index, start_adapter, tmp_path):
+    params = _params(tmp_path)
+    adapter, log = train_rl(questions[:4], index, start_adapter, params, RewardJudgingParams(retriever="bm25"))
+    assert [entry["step"] for entry in log if "loss" in entry] == [1]
+    assert {"reward", "rewards/process/mean", "agent/format_rate", "agent/cem"} <= set(log[0])
+    run_dir = tmp_path / "runs" / run_fingerprint(params, start_adapter,
+                                                  [Question.from_dict(q) for q in questions[:4]],
+                                                  RewardJudgingParams(retriever="bm25"))
+    assert adapter == str(run_dir / "adapter") and (run_dir / COMPLETED_MARKER).is_file()
+
+
+def test_the_run_folder_depends_on_the_settings(questions, start_adapter, tmp_path):
+    judging = RewardJudgingParams()
+    chosen = [Question.from_dict(q) for q in questions[:2]]
+    base = run_fingerprint(_params(tmp_path), start_adapter, chosen, judging)
+    assert base == run_fingerprint(_params(tmp_path), start_adapter, chosen, judging)
+    assert base != run_fingerprint(_params(tmp_path, lambda_p=0.0), start_adapter, chosen, judging)
+    assert base != run_fingerprint(_params(tmp_path), start_adapter + "-other", chosen, judging)
+    resumable = _params(tmp_path).model_copy(update={"trainer": _params(tmp_path).trainer.model_copy(
+        update={"resume": False})})
+    assert base == run_fingerprint(resumable, start_adapter, chosen, judging)
+
+
+def test_train_evaluates_base_sft_and_rl_policies_together():
+    pipelines = register_pipelines()
+    train = pipelines["train"]
+    names = {node.name for node in train.nodes}
+    assert {"build_index", "synthesize_sft_data", "train_sft", "train_rl", "run_sft_policy_rollouts",
+            "run_rl_policy_rollouts", "concat_trajectories", "evaluate_trajectories",
+            "judge_trajectories"} <= names
+    concat = next(node for node in train.nodes if node.name == "concat_trajectories")
+    assert concat.inputs == ["trajectories", "sft_policy_trajectories", "rl_policy_trajectories"]
+    assert pipelines["__default__"] is train
+    train_rl_pipeline = pipelines["train_rl"]
+    evaluate = next(node for node in train_rl_pipeline.nodes if node.name == "evaluate_trajectories")
+    assert evaluate.inputs == ["rl_policy_trajectories"]
+    assert "run_rollouts" not in {node.name for node in train_rl_pipeline.nodes}
+
