@@ -35,11 +35,24 @@ def project_root() -> Path:
 
 
 @pytest.fixture
-def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh SQLite MLflow store for one test, exported as ``MLFLOW_TRACKING_URI``."""
+def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh SQLite MLflow store for one test, exported as ``MLFLOW_TRACKING_URI``.
+
+    MLflow keeps the tracking URI and the active experiment as process globals (a Kedro run in an earlier
+    test sets both), so they are pointed at the fresh store here and cleared afterwards.
+    """
+    import mlflow
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("Default")
+    yield uri
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(None)
 
 
 @pytest.fixture

@@ -113,10 +113,11 @@ class RolloutScorer:
         """Score ``rollouts``; ``policy`` answers the re-asked queries; ``step`` picks the multi-stage stage."""
         settings = self.settings
         verdicts: list[StepVerdicts] | None = None
-        if settings.needs_detection and rollouts:
+        if settings.needs_detection:  # an empty batch still reports the same statistics (ranks must agree)
             assert self.over_judge is not None and self.under_judge is not None
             verdicts = detect(rollouts, policy, self.over_judge, self.under_judge,
-                              reask_max_new_tokens=settings.reask_max_new_tokens, mode=settings.detection_mode)
+                              reask_max_new_tokens=settings.reask_max_new_tokens,
+                              mode=settings.detection_mode) if rollouts else []
         components: dict[str, list[float]] = {name: [] for name in settings.components}
         totals: list[float] = []
         stage = 1 if step < settings.stage_switch_step else 2
