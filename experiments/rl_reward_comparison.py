@@ -87,6 +87,9 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=4)
     parser.add_argument("--questions-per-source", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sources", nargs="+", default=None,
+                        help="RL question sources (default: parameters_rl.yml's); evaluated questions stay excluded")
+    parser.add_argument("--name", default="rl_reward_comparison", help="report file stem in data/08_reporting")
     args = parser.parse_args()
     os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
     bootstrap_project(ROOT)
@@ -97,16 +100,18 @@ def main() -> None:
               "rl.trainer.num_generations": args.generations, "rl.trainer.seed": args.seed,
               "rl.trainer.save_steps": args.steps, "rollout.questions.max_per_source": args.questions_per_source,
               "rollout.seed": args.seed}
+    if args.sources:
+        shared["rl.questions.sources"] = args.sources
     rows = [run_arm(name, {**shared, **overrides}) for name, overrides in ARMS.items()]
 
     table = Table(title=f"HiPRAG vs Search-R1 reward: {args.steps} GRPO steps x {args.batch} completions, "
-                        f"seed {args.seed}")
+                        f"seed {args.seed}, RL questions from {args.sources or 'parameters_rl.yml'}")
     for column in ("arm", *COLUMNS):
         table.add_column(column)
     for row in rows:
         table.add_row(row["arm"], *(f"{row[column]:.3f}" for column in COLUMNS))
     Console().print(table)
-    out = ROOT / "data" / "08_reporting" / "rl_reward_comparison"
+    out = ROOT / "data" / "08_reporting" / args.name
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.with_suffix(".csv").open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=["arm", *COLUMNS, "mlflow_run_id"])
