@@ -16,6 +16,7 @@ from kedro.pipeline import Pipeline
 
 import prorag.pipelines
 from prorag.config import ParameterError, parse_parameters, validate_parameters
+from prorag.datasets import DirectoryDataset
 from prorag.tracking import TrackingParams, default_tracking_uri, flatten, git_sha, metric_series, redact
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,8 @@ class MlflowTrackingHook:
 
     The tracking URI is ``MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/mlflow.db``; the experiment name is the
     ``tracking.experiment_name`` parameter. Node outputs whose name ends in ``_metrics`` are logged as
-    metrics; files saved under ``data/08_reporting`` are logged as artifacts; a failed run is marked FAILED.
+    metrics; files saved under ``data/08_reporting`` and folders saved by a ``DirectoryDataset`` (the LoRA
+    adapters) are logged as artifacts, each from its own save version; a failed run is marked FAILED.
     """
 
     def __init__(self) -> None:
@@ -106,9 +108,13 @@ class MlflowTrackingHook:
     def after_dataset_saved(self, dataset_name: str) -> None:
         if not (self._run_active and self._settings.log_artifacts):
             return
-        path = _saved_reporting_file(self._catalog, dataset_name)
-        if path is not None:
+        path = _saved_local_path(self._catalog, dataset_name)
+        if path is None:
+            return
+        if "08_reporting" in path.parts and path.is_file():
             mlflow.log_artifact(str(path), artifact_path=f"reporting/{dataset_name}")
+        elif path.is_dir() and isinstance(self._catalog.get(dataset_name), DirectoryDataset):
+            mlflow.log_artifacts(str(path), artifact_path=f"models/{dataset_name}")
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -152,16 +158,16 @@ def _param_value(value: Any) -> str:
     return text if len(text) <= _MLFLOW_PARAM_VALUE_LIMIT else text[: _MLFLOW_PARAM_VALUE_LIMIT - 3] + "..."
 
 
-def _saved_reporting_file(catalog: DataCatalog | None, dataset_name: str) -> Path | None:
-    """The local file a dataset under ``08_reporting`` just wrote (its save version), else None."""
+def _saved_local_path(catalog: DataCatalog | None, dataset_name: str) -> Path | None:
+    """The local file or folder a dataset just wrote (its save version when versioned), else None."""
     if catalog is None or dataset_name not in catalog:
         return None
     dataset = catalog.get(dataset_name)
     filepath = getattr(dataset, "_filepath", None)
-    if filepath is None or "08_reporting" not in str(filepath) or getattr(dataset, "_protocol", "file") != "file":
+    if filepath is None or getattr(dataset, "_protocol", "file") != "file":
         return None
     if isinstance(dataset, AbstractVersionedDataset) and dataset._version is not None:
         path = Path(str(dataset._get_versioned_path(dataset.resolve_save_version())))
     else:
         path = Path(str(filepath))
-    return path if path.is_file() else None
+    return path if path.exists() else None
