@@ -15,16 +15,20 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
+from trl.import_utils import is_vllm_available
 
 from prorag.data.records import Passage, load_questions
 from prorag.judges import ReferenceJudge
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
+from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.retrieval.bm25 import BM25Retriever
 from prorag.retrieval.store import PassageStore
+from prorag.serving import create_app, serve_in_thread
 from prorag.tracking.callbacks import MlflowStepMetrics
 from prorag.training.grpo import (
     COMPLETED_MARKER,
     AgentRolloutFunction,
+    PolicyServer,
     build_grpo_trainer,
     grpo_dataset,
     train_grpo_lora,
@@ -113,6 +117,51 @@ def test_rollout_function_returns_the_exact_ids_logprobs_and_env_mask(questions,
     assert len(output["reward_outcome"]) == 4
     with pytest.raises(KeyError, match="not one of the rollout function's training questions"):
         rollout_function(["An unknown question?"], trainer)
+
+
+class CountingGenerator(TransformersGenerator):
+    """The served policy, counting the generation calls that reach it."""
+
+    calls = 0
+
+    def generate(self, prompts, params):
+        type(self).calls += 1
+        return super().generate(prompts, params)
+
+
+def test_policy_server_rollouts_go_through_the_openai_api(questions, retriever, tmp_path):
+    """Server mode's rollout side against the project's own OpenAI-compatible server (TRL's weight sync to a
+    vLLM server needs vLLM and a GPU and is TRL's part)."""
+    url, stop = serve_in_thread(create_app(CountingGenerator(BUNDLED_TINY_LLAMA, batch_size=4), "policy",
+                                           max_tokens_limit=64))
+    judge = ReferenceJudge(retriever)
+    server = PolicyServer(url.removesuffix("/v1"), "policy", timeout=30.0)
+    function = AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), seed=0,
+                                    policy_server=server, **TINY_ROLLOUT)
+    in_process = AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), seed=0,
+                                      **TINY_ROLLOUT)
+    try:
+        trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, in_process, tmp_path, **TINY_TRAINER)
+        output = function([question.question for question in questions[:2] for _ in range(2)], trainer)
+    finally:
+        stop()
+    assert CountingGenerator.calls > 0
+    for index, rollout in enumerate(function.last_rollouts):
+        assert output["prompt_ids"][index] == rollout.prompt_token_ids
+        assert output["completion_ids"][index] == rollout.completion_token_ids
+        assert sum(output["env_mask"][index]) == rollout.generated_tokens > 0
+        kept = [lp for lp, keep in zip(output["logprobs"][index], output["env_mask"][index], strict=True) if keep]
+        assert all(lp <= 0.0 for lp in kept) and any(lp < 0.0 for lp in kept)
+    assert len(output["reward_outcome"]) == 4
+
+
+@pytest.mark.skipif(is_vllm_available(), reason="vllm is installed")
+def test_a_policy_server_without_vllm_is_refused_before_training(questions, retriever, tmp_path):
+    judge = ReferenceJudge(retriever)
+    function = AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge),
+                                    policy_server=PolicyServer("http://127.0.0.1:8001", "policy"), **TINY_ROLLOUT)
+    with pytest.raises(ImportError, match=r"http://127.0.0.1:8001.*needs vllm installed"):
+        build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, function, tmp_path, **TINY_TRAINER)
 
 
 def test_training_logs_agent_metrics_to_mlflow_and_saves_the_adapter(questions, rollout_function, tmp_path,

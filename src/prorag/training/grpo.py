@@ -8,6 +8,9 @@
   0 for inserted ones: retrieved ``<context>`` and the engine's tags stay out of the loss). The batch is then
   scored with :class:`~prorag.training.process_rewards.RolloutScorer` while the same policy is unwrapped, so
   over-search re-asks use the current policy; the reward components travel to TRL as extra fields.
+  With a :class:`PolicyServer` the same rollouts and re-asks go through an OpenAI-compatible server instead
+  (``trl vllm-serve``): :func:`build_grpo_trainer` then turns on TRL's vLLM server mode, which pushes the
+  current weights (LoRA merged) to that server before every generation batch, so it serves the current policy.
 * :class:`ComponentReward` hands one component to TRL, which sums the components (each already weighted) and
   logs each one's mean and std.
 * :class:`AgentGRPOTrainer` adds the agent statistics (format rate, CEM, OSR, USR, search ratio, retrievals,
@@ -27,14 +30,18 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
+from trl.import_utils import is_vllm_available
 from trl.models.utils import unwrap_model_for_generation
 
 from prorag.agent.engine import RolloutEngine, get_adapter
+from prorag.llm.generation import Generator
+from prorag.llm.openai_backend import OpenAICompatibleGenerator
 from prorag.llm.transformers_backend import TransformersGenerator
 
 if TYPE_CHECKING:
@@ -53,6 +60,24 @@ REWARD_FIELD_PREFIX: Final = "reward_"
 STAT_PREFIX: Final = "agent/"
 
 
+@dataclass(frozen=True)
+class PolicyServer:
+    """A vLLM server (``trl vllm-serve``) serving the policy being trained.
+
+    ``base_url`` is the server root (``http://host:8000``): TRL syncs weights through it and the rollouts use
+    its OpenAI-compatible ``/v1`` API; ``model`` is the name the server serves the policy under.
+    """
+
+    base_url: str
+    model: str
+    timeout: float = 300.0
+    max_retries: int = 2
+
+    @property
+    def openai_url(self) -> str:
+        return self.base_url.rstrip("/") + "/v1"
+
+
 class AgentRolloutFunction:
     """TRL ``rollout_func`` running the multi-turn engine on the trainer's current policy (module docstring).
 
@@ -64,7 +89,8 @@ class AgentRolloutFunction:
     def __init__(self, questions: Sequence[Question], retriever: Retriever, scorer: RolloutScorer, *,
                  protocol: str = "hiprag", few_shot: bool = False, step_budget: int = 3, top_k: int = 3,
                  max_new_tokens_per_turn: int = 96, max_total_new_tokens: int = 288, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0, batch_size: int = 8) -> None:
+                 top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
+                 policy_server: PolicyServer | None = None) -> None:
         self._questions: dict[str, Question] = {}
         for question in questions:
             known = self._questions.setdefault(question.question, question)
@@ -79,6 +105,7 @@ class AgentRolloutFunction:
             "max_total_new_tokens": max_total_new_tokens, "temperature": temperature, "top_p": top_p}
         self.seed = seed
         self.batch_size = batch_size
+        self.policy_server = policy_server
         self.last_rollouts: list[Rollout] = []
 
     @property
@@ -89,7 +116,7 @@ class AgentRolloutFunction:
         questions = [self._question(prompt) for prompt in prompts]
         step = int(trainer.state.global_step)
         seed = self.seed + 1_000_003 * step + 7_919 * trainer.accelerator.process_index
-        with policy_generator(trainer, batch_size=self.batch_size) as generator:
+        with self._policy(trainer) as generator:
             engine = RolloutEngine(generator, self.retriever, self.adapter, seed=seed, logprobs=True,
                                    progress=False, **self.engine_settings)
             rollouts = engine.run(questions)
@@ -105,6 +132,20 @@ class AgentRolloutFunction:
             "env_mask": [mask for _, _, mask in completions],
             **{REWARD_FIELD_PREFIX + name: values for name, values in scored.components.items()},
         }
+
+    @contextlib.contextmanager
+    def _policy(self, trainer: GRPOTrainer) -> Iterator[Generator]:
+        """The current policy: in-process, or the policy server that TRL keeps in sync."""
+        if self.policy_server is None:
+            with policy_generator(trainer, batch_size=self.batch_size) as generator:
+                yield generator
+            return
+        server = self.policy_server
+        with OpenAICompatibleGenerator(server.openai_url, server.model, mode="completions",
+                                       max_concurrency=self.batch_size, timeout=server.timeout,
+                                       max_retries=server.max_retries, tokenizer=trainer.processing_class,
+                                       return_token_ids=True) as generator:
+            yield generator
 
     def _question(self, prompt: Any) -> Question:
         text = prompt if isinstance(prompt, str) else None
@@ -261,7 +302,14 @@ def build_grpo_trainer(
     else:
         peft_config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                                  target_modules=list(target_modules), bias="none", task_type="CAUSAL_LM")
+    server = rollout_function.policy_server
+    if server is not None and not is_vllm_available():
+        raise ImportError(f"a policy server ({server.base_url}) needs vllm installed (the gpu extra): TRL pushes the "
+                          "trained weights to it through vLLM's client before every generation batch")
+    vllm = ({"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": server.base_url.rstrip("/")}
+            if server is not None else {})
     config = GRPOConfig(
+        **vllm,
         output_dir=str(checkpoint_dir),
         report_to=[],
         use_cpu=use_cpu,

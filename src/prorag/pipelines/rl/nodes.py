@@ -74,6 +74,16 @@ class RLTrainer(StrictModel):
     use_cpu: bool = True
 
 
+class RLPolicyServer(StrictModel):
+    """A ``trl vllm-serve`` server for the rollouts; TRL syncs the trained weights into it before each batch."""
+
+    base_url: str = Field(pattern=r"^https?://")
+    """The server root, e.g. ``http://127.0.0.1:8001`` (not the ``/v1`` API path)."""
+    model: str = Field(min_length=1)
+    """The name the server serves the policy under (the ``--model`` it was started with)."""
+    timeout: float = Field(default=300.0, gt=0)
+
+
 @register_parameters("rl")
 class RLParams(StrictModel):
     """``rl`` parameters; see conf/base/parameters_rl.yml."""
@@ -85,6 +95,8 @@ class RLParams(StrictModel):
     trainer: RLTrainer = RLTrainer()
     retriever: Literal["dense", "bm25", "hybrid"] = "dense"
     top_k: int = Field(default=3, ge=1)
+    policy_server: RLPolicyServer | None = None
+    """None: roll out in-process with the trainer's policy (CPU, small models); set: TRL's vLLM server mode."""
     run_root: str = "data/06_models/rl_runs"
     """Checkpoints live in ``<run_root>/<fingerprint of the settings>``: an interrupted run resumes there."""
 
@@ -115,7 +127,7 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
     ``reward_judging`` ones. The run folder is keyed by a fingerprint of the settings, the SFT adapter and the
     questions, so re-running the same configuration after an interruption resumes from its last checkpoint.
     """
-    from prorag.training.grpo import AgentRolloutFunction, train_grpo_lora
+    from prorag.training.grpo import AgentRolloutFunction, PolicyServer, train_grpo_lora
 
     questions = [Question.from_dict(record) for record in question_records]
     retriever = index.retriever(params.retriever)
@@ -136,7 +148,9 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
         questions, retriever, scorer, protocol=agent.protocol, few_shot=agent.few_shot,
         step_budget=agent.step_budget, top_k=params.top_k, max_new_tokens_per_turn=agent.max_new_tokens_per_turn,
         max_total_new_tokens=agent.max_total_new_tokens, temperature=trainer.temperature, top_p=trainer.top_p,
-        seed=trainer.seed, batch_size=agent.generation_batch_size)
+        seed=trainer.seed, batch_size=agent.generation_batch_size,
+        policy_server=(PolicyServer(params.policy_server.base_url, params.policy_server.model,
+                                    timeout=params.policy_server.timeout) if params.policy_server else None))
     run_dir = Path(params.run_root) / run_fingerprint(params, sft_adapter, questions, judging)
     adapter, history = train_grpo_lora(
         params.model, questions, rollout_function, run_dir, adapter_dir=sft_adapter,
@@ -156,7 +170,8 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
 def run_fingerprint(params: RLParams, sft_adapter: str, questions: list[Question],
                     judging: RewardJudgingParams) -> str:
     """A short hash of everything that determines a training run (the checkpoint folder's name)."""
-    payload = {"rl": params.model_dump(exclude={"trainer": {"resume"}}), "sft_adapter": str(Path(sft_adapter)),
+    payload = {"rl": params.model_dump(exclude={"trainer": {"resume"}, "policy_server": True}),
+               "sft_adapter": str(Path(sft_adapter)),
                "questions": [question.key for question in questions],
                "judges": [judging.over_search_judge.model_dump(), judging.under_search_judge.model_dump(),
                           judging.retriever]}
