@@ -108,12 +108,13 @@ class MlflowTrackingHook:
     def after_dataset_saved(self, dataset_name: str) -> None:
         if not (self._run_active and self._settings.log_artifacts):
             return
-        path = _saved_local_path(self._catalog, dataset_name)
-        if path is None:
+        saved = _saved_local_path(self._catalog, dataset_name)
+        if saved is None:
             return
+        dataset, path = saved
         if "08_reporting" in path.parts and path.is_file():
             mlflow.log_artifact(str(path), artifact_path=f"reporting/{dataset_name}")
-        elif path.is_dir() and isinstance(self._catalog.get(dataset_name), DirectoryDataset):
+        elif path.is_dir() and isinstance(dataset, DirectoryDataset):
             mlflow.log_artifacts(str(path), artifact_path=f"models/{dataset_name}")
 
     @hook_impl
@@ -158,8 +159,8 @@ def _param_value(value: Any) -> str:
     return text if len(text) <= _MLFLOW_PARAM_VALUE_LIMIT else text[: _MLFLOW_PARAM_VALUE_LIMIT - 3] + "..."
 
 
-def _saved_local_path(catalog: DataCatalog | None, dataset_name: str) -> Path | None:
-    """The local file or folder a dataset just wrote (its save version when versioned), else None."""
+def _saved_local_path(catalog: DataCatalog | None, dataset_name: str) -> tuple[Any, Path] | None:
+    """The dataset and the local file or folder it just wrote (its save version when versioned), else None."""
     if catalog is None or dataset_name not in catalog:
         return None
     dataset = catalog.get(dataset_name)
@@ -170,4 +171,4 @@ def _saved_local_path(catalog: DataCatalog | None, dataset_name: str) -> Path | 
         path = Path(str(dataset._get_versioned_path(dataset.resolve_save_version())))
     else:
         path = Path(str(filepath))
-    return path if path.exists() else None
+    return (dataset, path) if path.exists() else None

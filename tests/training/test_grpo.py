@@ -129,7 +129,7 @@ class CountingGenerator(TransformersGenerator):
         return super().generate(prompts, params)
 
 
-def test_policy_server_rollouts_go_through_the_openai_api(questions, retriever, tmp_path):
+def test_policy_server_rollouts_go_through_the_openai_api(questions, retriever, rollout_function, tmp_path):
     """Server mode's rollout side against the project's own OpenAI-compatible server (TRL's weight sync to a
     vLLM server needs vLLM and a GPU and is TRL's part)."""
     url, stop = serve_in_thread(create_app(CountingGenerator(BUNDLED_TINY_LLAMA, batch_size=4), "policy",
@@ -138,10 +138,8 @@ def test_policy_server_rollouts_go_through_the_openai_api(questions, retriever, 
     server = PolicyServer(url.removesuffix("/v1"), "policy", timeout=30.0)
     function = AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), seed=0,
                                     policy_server=server, **TINY_ROLLOUT)
-    in_process = AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), seed=0,
-                                      **TINY_ROLLOUT)
     try:
-        trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, in_process, tmp_path, **TINY_TRAINER)
+        trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path, **TINY_TRAINER)
         output = function([question.question for question in questions[:2] for _ in range(2)], trainer)
     finally:
         stop()

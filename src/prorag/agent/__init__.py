@@ -8,13 +8,9 @@ from prorag.agent.baselines import DirectAnswer, StandardRAG
 from prorag.agent.engine import (
     EMPTY_QUERY_NOTE,
     NO_RESULTS_NOTE,
-    HiPRAGAdapter,
-    MultistageAdapter,
-    ProtocolAdapter,
     RetrievalFailedError,
     RolloutEngine,
     RolloutError,
-    SearchR1Adapter,
     get_adapter,
 )
 from prorag.agent.trajectory import (
@@ -25,6 +21,10 @@ from prorag.agent.trajectory import (
     completion_ids_and_mask,
     stop_reason_counts,
 )
+from prorag.protocol.base import ProtocolAdapter
+from prorag.protocol.hiprag import HiPRAGAdapter
+from prorag.protocol.multistage import MultistageAdapter
+from prorag.protocol.search_r1 import SearchR1Adapter
 
 __all__ = [
     "EMPTY_QUERY_NOTE",

@@ -37,19 +37,21 @@ context holds :data:`EMPTY_QUERY_NOTE`; a query with no hits gets :data:`NO_RESU
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Final
 
 from tqdm.auto import tqdm
 
-from prorag.agent.trajectory import Rollout, Segment, SegmentKind, StepDict, StopReason, stop_reason_counts
+from prorag.agent.trajectory import Rollout, Segment, SegmentKind, StopReason, stop_reason_counts
 from prorag.data.records import Question
 from prorag.llm.generation import Completion, Generator, SamplingParams
-from prorag.protocol import hiprag, multistage, search_r1
+from prorag.protocol import hiprag
+from prorag.protocol.base import ProtocolAdapter
 from prorag.protocol.escaping import escape_retrieved
-from prorag.protocol.markup import last_between
+from prorag.protocol.registry import adapter_factory, get_protocol
 from prorag.retrieval.base import Hit, Retriever
 
 if TYPE_CHECKING:
@@ -57,15 +59,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Boundary = Literal["search", "step", "answer"]
-ProtocolName = Literal["hiprag", "search_r1", "multistage"]
-
-_HIPRAG_BOUNDARIES: Final[dict[str, Boundary]] = {
-    hiprag.SEARCH_CLOSE: "search", hiprag.CONCLUSION_CLOSE: "step", hiprag.ANSWER_CLOSE: "answer"}
-_SEARCH_R1_BOUNDARIES: Final[dict[str, Boundary]] = {
-    search_r1.SEARCH_CLOSE: "search", search_r1.ANSWER_CLOSE: "answer"}
-_MULTISTAGE_BOUNDARIES: Final[dict[str, Boundary]] = {
-    multistage.SEARCH_CLOSE: "search", multistage.ANSWER_CLOSE: "answer"}
+ProtocolName = str
 
 EMPTY_QUERY_NOTE: Final = "(empty search query: nothing was retrieved)"
 NO_RESULTS_NOTE: Final = "(no results)"
@@ -88,186 +82,15 @@ class RetrievalFailedError(RolloutError):
 # ---------------------------------------------------------------------------------- protocol adapters
 
 
-class ProtocolAdapter(Protocol):
-    """What the engine needs from a protocol."""
-
-    name: str
-    stop_strings: tuple[str, ...]
-    step_on_search: bool
-    """True if the step budget counts searches (Search-R1); False if it counts closed steps (HiPRAG)."""
-
-    def messages(self, question: str) -> list[dict[str, str]]: ...
-    def initial_prefix(self) -> str: ...
-    def boundary(self, stop: str) -> Boundary | None: ...
-    def query(self, transcript: str) -> str: ...
-    def insertion(self, docs_text: str) -> str: ...
-    def after_step(self, step_index: int, budget: int) -> str: ...
-    def forced_answer(self, transcript: str) -> str: ...
-    def check_format(self, completion: str) -> tuple[int, int]: ...
-    def steps(self, completion: str) -> list[StepDict] | None: ...
-    def extract_answer(self, completion: str) -> str | None: ...
-
-
-@dataclass(frozen=True)
-class HiPRAGAdapter:
-    """HiPRAG parsable steps (:mod:`prorag.protocol.hiprag`)."""
-
-    open_next_step: bool = False
-    few_shot: bool = True
-    name: str = "hiprag"
-    stop_strings: tuple[str, ...] = hiprag.STOP_STRINGS
-    step_on_search: bool = False
-
-    def messages(self, question: str) -> list[dict[str, str]]:
-        return hiprag.render_prompt(question, few_shot=self.few_shot)
-
-    def initial_prefix(self) -> str:
-        return hiprag.initial_prefix()
-
-    def boundary(self, stop: str) -> Boundary | None:
-        return _HIPRAG_BOUNDARIES.get(stop)
-
-    def query(self, transcript: str) -> str:
-        return hiprag.last_query(transcript) or ""
-
-    def insertion(self, docs_text: str) -> str:
-        return hiprag.after_search(docs_text)
-
-    def after_step(self, step_index: int, budget: int) -> str:
-        return hiprag.after_conclusion(step_index, budget, open_next_step=self.open_next_step)
-
-    def forced_answer(self, transcript: str) -> str:
-        closing = hiprag.close_think() if hiprag.needs_close_think(transcript) else ""
-        return closing + hiprag.forced_answer_prefix()
-
-    def check_format(self, completion: str) -> tuple[int, int]:
-        return hiprag.check_format(completion)
-
-    def steps(self, completion: str) -> list[StepDict] | None:
-        try:
-            trajectory = hiprag.parse(completion)
-        except hiprag.TrajectoryParseError:
-            return None
-        return [
-            {"kind": "search", "reasoning": step.reasoning, "query": step.query, "context": step.context,
-             "conclusion": step.conclusion} if isinstance(step, hiprag.SearchStep) else
-            {"kind": "non_search", "reasoning": step.reasoning, "query": None, "context": None,
-             "conclusion": step.conclusion}
-            for step in trajectory.steps
-        ]
-
-    def extract_answer(self, completion: str) -> str | None:
-        return hiprag.extract_answer(completion)
-
-
-@dataclass(frozen=True)
-class SearchR1Adapter:
-    """Search-R1 think/search/information/answer (:mod:`prorag.protocol.search_r1`); steps are searches."""
-
-    name: str = "search_r1"
-    stop_strings: tuple[str, ...] = search_r1.STOP_STRINGS
-    step_on_search: bool = True
-
-    def messages(self, question: str) -> list[dict[str, str]]:
-        return search_r1.render_prompt(question)
-
-    def initial_prefix(self) -> str:
-        return search_r1.initial_prefix()
-
-    def boundary(self, stop: str) -> Boundary | None:
-        return _SEARCH_R1_BOUNDARIES.get(stop)
-
-    def query(self, transcript: str) -> str:
-        return search_r1.last_query(transcript) or ""
-
-    def insertion(self, docs_text: str) -> str:
-        return search_r1.after_search(docs_text)
-
-    def after_step(self, step_index: int, budget: int) -> str:
-        return ""  # Search-R1 has no step-closing boundary
-
-    def forced_answer(self, transcript: str) -> str:
-        return search_r1.forced_answer_prefix()
-
-    def check_format(self, completion: str) -> tuple[int, int]:
-        return search_r1.check_format(completion)
-
-    def steps(self, completion: str) -> list[StepDict] | None:
-        try:
-            trajectory = search_r1.parse(completion)
-        except search_r1.SearchR1ParseError:
-            return None
-        return [
-            {"kind": "search" if item.query is not None else "non_search", "reasoning": item.think,
-             "query": item.query, "context": item.information, "conclusion": None}
-            for item in trajectory.rounds
-        ]
-
-    def extract_answer(self, completion: str) -> str | None:
-        return search_r1.extract_answer(completion)
-
-
-@dataclass(frozen=True)
-class MultistageAdapter:
-    """The multi-stage-reward paper's think/search/information/reflect/answer (:mod:`prorag.protocol.multistage`).
-
-    The step budget counts searches, as for Search-R1: the search beyond the budget is not executed and
-    :meth:`forced_answer` opens ``<answer>`` right after it. That completion has a ``<search>`` without
-    ``<information>`` and so fails :func:`~prorag.protocol.multistage.is_valid_format` — deliberately, the
-    model exceeded the budget. The protocol has no HiPRAG steps: :meth:`steps` is None.
-    """
-
-    name: str = "multistage"
-    stop_strings: tuple[str, ...] = multistage.STOP_STRINGS
-    step_on_search: bool = True
-
-    def messages(self, question: str) -> list[dict[str, str]]:
-        return multistage.render_prompt(question)
-
-    def initial_prefix(self) -> str:
-        return ""  # the model opens its first <think> itself
-
-    def boundary(self, stop: str) -> Boundary | None:
-        return _MULTISTAGE_BOUNDARIES.get(stop)
-
-    def query(self, transcript: str) -> str:
-        return last_between(transcript, multistage.SEARCH_OPEN, multistage.SEARCH_CLOSE) or ""
-
-    def insertion(self, docs_text: str) -> str:
-        return multistage.after_search(docs_text)
-
-    def after_step(self, step_index: int, budget: int) -> str:
-        return ""  # no step-closing boundary
-
-    def forced_answer(self, transcript: str) -> str:
-        return f"\n{multistage.ANSWER_OPEN}"  # the protocol's block layout (cf. after_search)
-
-    def check_format(self, completion: str) -> tuple[int, int]:
-        """``(1, N)`` with ``N`` the search rounds of a well-formed completion, else ``(0, -1)``."""
-        if not multistage.is_valid_format(completion):
-            return 0, -1
-        return 1, multistage.count_searches(completion)  # every </search> of a valid completion is a tag
-
-    def steps(self, completion: str) -> list[StepDict] | None:
-        return None
-
-    def extract_answer(self, completion: str) -> str | None:
-        return multistage.extract_answer(completion)
-
-
-def get_adapter(protocol: ProtocolName | str | ProtocolAdapter, *, open_next_step: bool = False,
+def get_adapter(protocol: str | ProtocolAdapter, *, open_next_step: bool = False,
                 few_shot: bool = True) -> ProtocolAdapter:
-    """The adapter of a protocol name (``open_next_step`` and ``few_shot`` apply to HiPRAG only); an adapter
-    passes through."""
+    """The adapter of a protocol name from :mod:`prorag.protocol.registry`; ``open_next_step`` and ``few_shot``
+    go to the protocols that take them; an adapter passes through."""
     if not isinstance(protocol, str):
         return protocol
-    if protocol == "hiprag":
-        return HiPRAGAdapter(open_next_step=open_next_step, few_shot=few_shot)
-    if protocol == "search_r1":
-        return SearchR1Adapter()
-    if protocol == "multistage":
-        return MultistageAdapter()
-    raise ValueError(f"unknown protocol {protocol!r} (use 'hiprag', 'search_r1' or 'multistage')")
+    options = {"open_next_step": open_next_step, "few_shot": few_shot}
+    accepted = inspect.signature(adapter_factory(protocol)).parameters
+    return get_protocol(protocol, **{key: value for key, value in options.items() if key in accepted})
 
 
 # ----------------------------------------------------------------------------------------- helpers

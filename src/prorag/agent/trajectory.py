@@ -27,16 +27,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal, get_args
 
+from prorag.protocol.base import StepDict
+
 StopReason = Literal["answer", "forced_answer", "eos", "no_boundary", "token_budget"]
 STOP_REASONS: Final[tuple[str, ...]] = get_args(StopReason)
 
 SegmentKind = Literal["generated", "context", "tag"]
 SEGMENT_KINDS: Final[tuple[str, ...]] = get_args(SegmentKind)
 
-StepDict = dict[str, str | None]
-"""A parsed step: ``kind`` (``"search"``/``"non_search"``), ``reasoning``, ``query``, ``context``,
-``conclusion`` (``query``/``context`` None for a non-search step; ``conclusion`` None where the protocol has
-none, as Search-R1)."""
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, NoReturn
 
+from prorag.protocol.base import Boundary, StepDict
 from prorag.protocol.escaping import escape_retrieved, unescape_retrieved
 from prorag.protocol.markup import cut_at_first_stop, last_between
 
@@ -529,3 +530,59 @@ def render(trajectory: Trajectory) -> str:
     lines.append(THINK_CLOSE)
     lines.append(f"{ANSWER_OPEN}{_model_field('answer', trajectory.answer)}{ANSWER_CLOSE}")
     return "\n".join(lines)
+
+# ------------------------------------------------------------------------------------------ engine adapter
+
+_BOUNDARIES: Final[dict[str, Boundary]] = {SEARCH_CLOSE: "search", CONCLUSION_CLOSE: "step", ANSWER_CLOSE: "answer"}
+
+
+@dataclass(frozen=True)
+class HiPRAGAdapter:
+    """HiPRAG parsable steps (:mod:`prorag.protocol.hiprag`)."""
+
+    open_next_step: bool = False
+    few_shot: bool = True
+    name: str = "hiprag"
+    stop_strings: tuple[str, ...] = STOP_STRINGS
+    step_on_search: bool = False
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        return render_prompt(question, few_shot=self.few_shot)
+
+    def initial_prefix(self) -> str:
+        return initial_prefix()
+
+    def boundary(self, stop: str) -> Boundary | None:
+        return _BOUNDARIES.get(stop)
+
+    def query(self, transcript: str) -> str:
+        return last_query(transcript) or ""
+
+    def insertion(self, docs_text: str) -> str:
+        return after_search(docs_text)
+
+    def after_step(self, step_index: int, budget: int) -> str:
+        return after_conclusion(step_index, budget, open_next_step=self.open_next_step)
+
+    def forced_answer(self, transcript: str) -> str:
+        closing = close_think() if needs_close_think(transcript) else ""
+        return closing + forced_answer_prefix()
+
+    def check_format(self, completion: str) -> tuple[int, int]:
+        return check_format(completion)
+
+    def steps(self, completion: str) -> list[StepDict] | None:
+        try:
+            trajectory = parse(completion)
+        except TrajectoryParseError:
+            return None
+        return [
+            {"kind": "search", "reasoning": step.reasoning, "query": step.query, "context": step.context,
+             "conclusion": step.conclusion} if isinstance(step, SearchStep) else
+            {"kind": "non_search", "reasoning": step.reasoning, "query": None, "context": None,
+             "conclusion": step.conclusion}
+            for step in trajectory.steps
+        ]
+
+    def extract_answer(self, completion: str) -> str | None:
+        return extract_answer(completion)

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Final, NoReturn
 
+from prorag.protocol.base import Boundary, StepDict
 from prorag.protocol.escaping import unescape_retrieved
 from prorag.protocol.hiprag import format_documents
 from prorag.protocol.markup import last_between
@@ -220,3 +221,55 @@ def extract_queries(text: str) -> list[str]:
 def extract_answer(text: str) -> str | None:
     """Lenient: the stripped content of the last complete ``<answer>…</answer>``, or None."""
     return last_between(text, ANSWER_OPEN, ANSWER_CLOSE)
+
+# ------------------------------------------------------------------------------------------ engine adapter
+
+_BOUNDARIES: Final[dict[str, Boundary]] = {SEARCH_CLOSE: "search", ANSWER_CLOSE: "answer"}
+
+
+@dataclass(frozen=True)
+class MultistageAdapter:
+    """The multi-stage-reward paper's think/search/information/reflect/answer (:mod:`prorag.protocol.multistage`).
+
+    The step budget counts searches, as for Search-R1: the search beyond the budget is not executed and
+    :meth:`forced_answer` opens ``<answer>`` right after it. That completion has a ``<search>`` without
+    ``<information>`` and so fails :func:`~prorag.protocol.is_valid_format` — deliberately, the
+    model exceeded the budget. The protocol has no HiPRAG steps: :meth:`steps` is None.
+    """
+
+    name: str = "multistage"
+    stop_strings: tuple[str, ...] = STOP_STRINGS
+    step_on_search: bool = True
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        return render_prompt(question)
+
+    def initial_prefix(self) -> str:
+        return ""  # the model opens its first <think> itself
+
+    def boundary(self, stop: str) -> Boundary | None:
+        return _BOUNDARIES.get(stop)
+
+    def query(self, transcript: str) -> str:
+        return last_between(transcript, SEARCH_OPEN, SEARCH_CLOSE) or ""
+
+    def insertion(self, docs_text: str) -> str:
+        return after_search(docs_text)
+
+    def after_step(self, step_index: int, budget: int) -> str:
+        return ""  # no step-closing boundary
+
+    def forced_answer(self, transcript: str) -> str:
+        return f"\n{ANSWER_OPEN}"  # the protocol's block layout (cf. after_search)
+
+    def check_format(self, completion: str) -> tuple[int, int]:
+        """``(1, N)`` with ``N`` the search rounds of a well-formed completion, else ``(0, -1)``."""
+        if not is_valid_format(completion):
+            return 0, -1
+        return 1, count_searches(completion)  # every </search> of a valid completion is a tag
+
+    def steps(self, completion: str) -> list[StepDict] | None:
+        return None
+
+    def extract_answer(self, completion: str) -> str | None:
+        return extract_answer(completion)

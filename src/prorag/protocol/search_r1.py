@@ -41,6 +41,7 @@ import re
 from dataclasses import dataclass
 from typing import Final, NoReturn
 
+from prorag.protocol.base import Boundary, StepDict
 from prorag.protocol.escaping import unescape_retrieved
 from prorag.protocol.hiprag import format_documents
 from prorag.protocol.markup import cut_at_first_stop, last_between
@@ -297,3 +298,54 @@ def extract_answer(text: str) -> str | None:
     searched, and escaped retrieved text cannot contain a literal ``<answer>``.
     """
     return last_between(text, ANSWER_OPEN, ANSWER_CLOSE)
+
+# ------------------------------------------------------------------------------------------ engine adapter
+
+_BOUNDARIES: Final[dict[str, Boundary]] = {SEARCH_CLOSE: "search", ANSWER_CLOSE: "answer"}
+
+
+@dataclass(frozen=True)
+class SearchR1Adapter:
+    """Search-R1 think/search/information/answer (:mod:`prorag.protocol.search_r1`); steps are searches."""
+
+    name: str = "search_r1"
+    stop_strings: tuple[str, ...] = STOP_STRINGS
+    step_on_search: bool = True
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        return render_prompt(question)
+
+    def initial_prefix(self) -> str:
+        return initial_prefix()
+
+    def boundary(self, stop: str) -> Boundary | None:
+        return _BOUNDARIES.get(stop)
+
+    def query(self, transcript: str) -> str:
+        return last_query(transcript) or ""
+
+    def insertion(self, docs_text: str) -> str:
+        return after_search(docs_text)
+
+    def after_step(self, step_index: int, budget: int) -> str:
+        return ""  # Search-R1 has no step-closing boundary
+
+    def forced_answer(self, transcript: str) -> str:
+        return forced_answer_prefix()
+
+    def check_format(self, completion: str) -> tuple[int, int]:
+        return check_format(completion)
+
+    def steps(self, completion: str) -> list[StepDict] | None:
+        try:
+            trajectory = parse(completion)
+        except SearchR1ParseError:
+            return None
+        return [
+            {"kind": "search" if item.query is not None else "non_search", "reasoning": item.think,
+             "query": item.query, "context": item.information, "conclusion": None}
+            for item in trajectory.rounds
+        ]
+
+    def extract_answer(self, completion: str) -> str | None:
+        return extract_answer(completion)

@@ -74,8 +74,12 @@ class PolicyServer:
     max_retries: int = 2
 
     @property
+    def root(self) -> str:
+        return self.base_url.rstrip("/")
+
+    @property
     def openai_url(self) -> str:
-        return self.base_url.rstrip("/") + "/v1"
+        return self.root + "/v1"
 
 
 class AgentRolloutFunction:
@@ -306,7 +310,7 @@ def build_grpo_trainer(
     if server is not None and not is_vllm_available():
         raise ImportError(f"a policy server ({server.base_url}) needs vllm installed (the gpu extra): TRL pushes the "
                           "trained weights to it through vLLM's client before every generation batch")
-    vllm = ({"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": server.base_url.rstrip("/")}
+    vllm = ({"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": server.root}
             if server is not None else {})
     config = GRPOConfig(
         **vllm,

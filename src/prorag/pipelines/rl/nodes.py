@@ -149,8 +149,7 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
         step_budget=agent.step_budget, top_k=params.top_k, max_new_tokens_per_turn=agent.max_new_tokens_per_turn,
         max_total_new_tokens=agent.max_total_new_tokens, temperature=trainer.temperature, top_p=trainer.top_p,
         seed=trainer.seed, batch_size=agent.generation_batch_size,
-        policy_server=(PolicyServer(params.policy_server.base_url, params.policy_server.model,
-                                    timeout=params.policy_server.timeout) if params.policy_server else None))
+        policy_server=PolicyServer(**params.policy_server.model_dump()) if params.policy_server else None)
     run_dir = Path(params.run_root) / run_fingerprint(params, sft_adapter, questions, judging)
     adapter, history = train_grpo_lora(
         params.model, questions, rollout_function, run_dir, adapter_dir=sft_adapter,
