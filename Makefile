@@ -39,7 +39,7 @@ train: models
 	$(BIN)/kedro run --pipeline=train
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks experiments
 
 test: models lint
 	$(BIN)/pytest

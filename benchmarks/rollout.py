@@ -1,32 +1,36 @@
-"""Rollout and serving benchmark: ratios measured side by side in one run, never a timed test.
+"""Rollout, serving and GRPO-step benchmark (issue 14's table): ratios measured side by side in one run.
 
 On the same ``--questions`` real questions (HotpotQA / MuSiQue / PopQA, sampled with ``--seed``) with a BM25
 retriever over their context passages and the policy ``--model`` (default ``bundled:tiny-random-llama``,
-in-process transformers, greedy decoding):
+in-process transformers, greedy decoding). Every timed run starts from an empty KV cache.
 
 * **(a) batched engine vs one question at a time** — ``RolloutEngine(...).run(all questions)`` vs the same
-  engine's ``.run([question])`` in a loop: trajectories/s and the ratio; check: the trajectories (text, every
-  segment's token ids, stop reason) are identical under greedy decoding;
-* **(b) engine vs raw generation** — the engine's generated tokens/s (multi-turn: re-prefill every turn,
-  stop strings, retrieval, bookkeeping) vs one raw batched ``generator.generate`` of the same number of new
-  tokens on the same first-turn prompts (tokens counted from ``Completion.token_ids``): the ceiling the engine
-  should approach, ratio engine/raw (the engine keeps no KV cache across turns, so each of its turns prefills
-  the whole transcript again); check: each engine first turn is a prefix of the raw generation;
+  engine's ``.run([question])`` in a loop: trajectories/s and the ratio; check: identical trajectories (text,
+  every segment's token ids, stop reason) under greedy decoding;
+* **(b) engine vs raw generation** — the engine's generated tokens/s (multi-turn, stop strings, retrieval,
+  bookkeeping; the KV cache carried across turns) vs one raw batched ``generator.generate`` of the same number
+  of new tokens on the same first-turn prompts (a generator without the prefix cache): the ceiling the engine
+  should approach, ratio engine/raw; check: each engine first turn is a prefix of the raw generation;
+* **(b') KV reuse vs re-prefill** — the same batched engine run with ``prefix_cache_mb=0`` (every turn
+  re-prefills the whole transcript, the engine before issue 14): ratio, prefill / reused / decoded tokens and
+  the cache hit rate; check: token-identical trajectories;
 * **(c) prorag serve** — :func:`prorag.serving.create_app` + :func:`~prorag.serving.serve_in_thread` on
   127.0.0.1, ``/v1/completions`` with a fixed short prompt and ``max_tokens`` through the ``openai`` client:
-  16 concurrent clients vs 1, requests/s, ratio and the server's batching counters (``app.state.stats``);
-  check: every reply equals the direct greedy generation.
+  16 concurrent clients vs 1, requests/s, ratio, the server's batching counters and its prefix-cache hit rate
+  (``app.state.stats``); check: every reply equals the direct greedy generation;
+* **(d) GRPO step** (``--grpo``) — one TRL GRPO step of :func:`prorag.training.grpo.build_grpo_trainer` on
+  ``--grpo-model`` (default SmolLM2-135M) with a fresh LoRA, 4 completions of one question (``make train``'s
+  agent budgets: B=3, 96 tokens per turn, 288 in all, temperature 0.8; HiPRAG reward with the reference
+  judges), wall time of the step (rollouts, re-asks, loss, backward) with KV reuse vs re-prefill; check: the
+  rollouts are token-identical (same seed, same weights).
 
-The issue's setting is 32 questions (``--questions 32``); the default is 16 so that the run stays near a
-minute on a shared 2-core machine (about 1-2 minutes with 32). The tiny random model never writes a protocol
-tag, so its trajectories run to the token budget in ``max_total_new_tokens / max_new_tokens_per_turn`` turns
-(no searches); ``--model bundled:smollm2-135m-instruct`` exercises real boundaries, answers and searches but
-generates only some 4-10 tokens/s on 2 shared cores with ~1k-token prompts: scale down, e.g. ``--questions 4
---batch-size 4 --max-tokens 96 --tokens-per-turn 48 --requests 4 --clients 1 2`` (about 4 minutes). Torch uses
-``--threads`` (default 1: steadier than 2 on a shared 2-core machine). Output: a rich table,
-``data/08_reporting/rollout_benchmark.csv`` and ``.md``.
+The issue's setting is ``--questions 32 --grpo``. The tiny random model never writes a protocol tag, so its
+trajectories run to the token budget in ``max_total_new_tokens / max_new_tokens_per_turn`` turns (no
+searches); ``--model bundled:smollm2-135m-instruct`` exercises real boundaries and searches but is slow on 2
+shared cores. Torch uses ``--threads`` (default 1: steadier than 2 on a shared 2-core machine). Output: a rich
+table, ``data/08_reporting/rollout_benchmark.csv`` and ``.md``.
 
-    .venv/bin/python benchmarks/rollout.py --questions 32
+    .venv/bin/python benchmarks/rollout.py --questions 32 --grpo
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +59,8 @@ from tqdm.auto import tqdm
 
 from prorag.agent import Rollout, RolloutEngine, stop_reason_counts
 from prorag.data import Passage, Question, load_corpus, load_questions
-from prorag.llm import BUNDLED_TINY_LLAMA, SamplingParams
+from prorag.llm import BUNDLED_SMOLLM2, BUNDLED_TINY_LLAMA, SamplingParams
+from prorag.llm.prefix_cache import PROCESS_GENERATION_STATS
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.retrieval import build_retrieval_index
 from prorag.serving import create_app, serve_in_thread
@@ -96,22 +103,42 @@ def trajectory_signature(rollout: Rollout) -> tuple[Any, ...]:
 # ------------------------------------------------------------------------------------------ sections
 
 
+def cache_note(stats: dict[str, float]) -> str:
+    return (f"{stats['prefill_tokens']:,.0f} prefill / {stats['cached_tokens']:,.0f} reused / "
+            f"{stats['decode_tokens']:,.0f} decoded tokens, cache hit rate {stats['cache_hit_rate']:.2f}")
+
+
+def timed_run(engine: RolloutEngine, generator: TransformersGenerator,
+              questions: list[Question]) -> tuple[list[Rollout], float, dict[str, float]]:
+    """One engine run from an empty KV cache: rollouts, seconds, the generator's counters of the run."""
+    if generator.prefix_cache is not None:
+        generator.prefix_cache.clear()
+    before = generator.stats.snapshot()
+    started = time.perf_counter()
+    rollouts = engine.run(questions)
+    return rollouts, time.perf_counter() - started, generator.stats.since(before)
+
+
 def engine_sections(generator: TransformersGenerator, retriever: Any, questions: list[Question],
                     args: argparse.Namespace, rows: list[Row], failures: list[str]) -> None:
     options = dict(step_budget=args.step_budget, top_k=args.top_k, max_new_tokens_per_turn=args.tokens_per_turn,
                    max_total_new_tokens=args.max_tokens)
+    # the same model without the prefix cache: re-prefill every turn (b'), and the raw ceiling (b)
+    uncached = TransformersGenerator((generator.model, generator.tokenizer), batch_size=args.batch_size,
+                                     prefix_cache_mb=0)
     engine = RolloutEngine(generator, retriever, "hiprag", progress=True, **options)
     quiet = RolloutEngine(generator, retriever, "hiprag", progress=False, **options)
+    reprefill = RolloutEngine(uncached, retriever, "hiprag", progress=True, **options)
     quiet.run(questions[:1])  # warm-up: chat template, tokenizer, the model's first forward passes
 
-    started = time.perf_counter()
-    batched = engine.run(questions)
-    batched_seconds = time.perf_counter() - started
+    batched, batched_seconds, batched_stats = timed_run(engine, generator, questions)
+    generator.prefix_cache.clear()
     sequential: list[Rollout] = []
     started = time.perf_counter()
     for question in tqdm(questions, desc="rollout, one question at a time", unit="question", leave=False):
         sequential += quiet.run([question])
     sequential_seconds = time.perf_counter() - started
+    baseline, baseline_seconds, baseline_stats = timed_run(reprefill, uncached, questions)
 
     same = sum(trajectory_signature(a) == trajectory_signature(b) for a, b in zip(batched, sequential, strict=True))
     if same != len(questions):
@@ -135,7 +162,7 @@ def engine_sections(generator: TransformersGenerator, retriever: Any, questions:
     prompts = [[*rollout.prompt_token_ids, *rollout.segments[0].token_ids] for rollout in batched]
     new_tokens = max(1, round(tokens / len(batched)))
     started = time.perf_counter()
-    raw = generator.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
+    raw = uncached.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
     raw_seconds = time.perf_counter() - started
     raw_tokens = sum(len(samples[0].token_ids) for samples in raw)
     prefix = 0
@@ -150,15 +177,30 @@ def engine_sections(generator: TransformersGenerator, retriever: Any, questions:
     rows.append(Row(section, f"raw generator.generate, max_new_tokens={new_tokens}, no stop strings", raw_tokens,
                     "tokens", raw_seconds, "1.00x",
                     f"mean prompt {statistics.mean(len(p) for p in prompts):,.0f} tokens; the ceiling"))
-    rows.append(Row(section, "rollout engine (batched run of (a))", tokens, "tokens", batched_seconds,
-                    f"{engine_rate / raw_rate:.2f}x",
+    rows.append(Row(section, "rollout engine (batched run of (a), KV cache across turns)", tokens, "tokens",
+                    batched_seconds, f"{engine_rate / raw_rate:.2f}x",
                     f"engine/raw; engine first turn a prefix of the raw generation: {prefix}/{len(batched)}"))
+
+    # (b') the engine before issue 14: no KV reuse, every turn re-prefills the transcript.
+    identical = sum(trajectory_signature(a) == trajectory_signature(b) for a, b in zip(batched, baseline, strict=True))
+    if identical != len(batched):
+        failures.append(f"(b') {len(batched) - identical}/{len(batched)} trajectories with KV reuse differ from "
+                        "the re-prefill ones")
+    section = f"(b') KV reuse across turns vs re-prefill, batched engine, {len(questions)} questions"
+    rows.append(Row(section, "re-prefill every turn (prefix_cache_mb=0)", tokens, "tokens", baseline_seconds,
+                    "1.00x", f"{cache_note(baseline_stats)}; engine/raw {tokens / baseline_seconds / raw_rate:.2f}x"))
+    rows.append(Row(section, "KV cache carried across turns (default)", tokens, "tokens", batched_seconds,
+                    f"{baseline_seconds / batched_seconds:.2f}x",
+                    f"{cache_note(batched_stats)}; identical trajectories {identical}/{len(batched)}"))
 
 
 def serve_section(generator: TransformersGenerator, args: argparse.Namespace, rows: list[Row],
                   failures: list[str]) -> None:
     import openai
 
+    if generator.prefix_cache is not None:
+        generator.prefix_cache.clear()
+    generator.stats.reset()
     app = create_app(generator, SERVED_NAME, max_batch_size=max(args.clients), batch_wait_ms=args.batch_wait_ms)
     url, stop = serve_in_thread(app, HOST)
     stats = app.state.stats
@@ -202,10 +244,89 @@ def serve_section(generator: TransformersGenerator, args: argparse.Namespace, ro
     finally:
         stop()
     snapshot = app.state.stats.snapshot()
+    if "prefix_cache" in snapshot:
+        rows[-1].note += f"; server prefix cache: {cache_note(snapshot['prefix_cache'])}"
     rows[-1].note += (f"; server totals: {snapshot['requests']} requests, {snapshot['generate_calls']} generate "
                       f"calls, {snapshot['completion_tokens']} completion tokens, "
                       f"{snapshot['generate_seconds']} s generating, {snapshot['rejected']} rejected, "
                       f"{snapshot['errors']} errors")
+
+
+def grpo_section(questions: list[Question], retriever: Any, args: argparse.Namespace, rows: list[Row],
+                 failures: list[str]) -> None:
+    """(d): one GRPO step, KV reuse vs re-prefill (the rollout function builds its generator in grpo.py)."""
+    from transformers import TrainerCallback
+
+    from prorag.judges import ReferenceJudge
+    from prorag.llm.registry import load_causal_lm
+    from prorag.specs import AgentSpec
+    from prorag.training import grpo
+    from prorag.training.config import GRPOSettings
+    from prorag.training.process_rewards import RewardSettings, RolloutScorer
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            self.started = time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            self.seconds.append(time.perf_counter() - self.started)
+
+    class TimedRolloutFunction(grpo.AgentRolloutFunction):
+        """The rollout function, timing its calls (rollouts, over-search re-asks, judges, rewards)."""
+
+        seconds = 0.0
+
+        def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+            started = time.perf_counter()
+            try:
+                return super().__call__(prompts, trainer)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+    agent = AgentSpec(few_shot=False, step_budget=3, max_new_tokens_per_turn=96, max_total_new_tokens=288)
+    judge = ReferenceJudge(retriever)
+    settings = GRPOSettings(max_steps=1, per_device_train_batch_size=4, num_generations=4, learning_rate=5e-5,
+                            temperature=0.8, gradient_checkpointing=True, save_steps=10, use_cpu=True,
+                            dtype="float32", resume=False)
+    question = questions[:1]
+    section = (f"(d) GRPO step, {args.grpo_model} + fresh LoRA, 4 completions of 1 question (B=3, 96/288 tokens, "
+               "T=0.8, HiPRAG reward, reference judges)")
+    results: dict[str, tuple[float, float, list[Rollout], dict[str, float]]] = {}
+    original = grpo.TransformersGenerator
+    for label, megabytes in (("re-prefill every turn (prefix_cache_mb=0)", 0.0), ("KV reuse + shared prefill", 1024.0)):
+        grpo.TransformersGenerator = partial(original, prefix_cache_mb=megabytes)  # what policy_generator builds
+        before = PROCESS_GENERATION_STATS.snapshot()
+        try:
+            function = TimedRolloutFunction(question, retriever, RolloutScorer(RewardSettings(), judge, judge),
+                                                 agent, temperature=0.8, seed=0, batch_size=8)
+            clock = StepClock()
+            with tempfile.TemporaryDirectory() as folder:
+                trainer = grpo.build_grpo_trainer(load_causal_lm(args.grpo_model), question, function, folder,
+                                                  settings, callbacks=[clock])
+                trainer.train()
+        finally:
+            grpo.TransformersGenerator = original
+        results[label] = (clock.seconds[0], function.seconds, function.last_rollouts,
+                          PROCESS_GENERATION_STATS.since(before))
+    (slow_label, (slow, slow_rollout_s, slow_rollouts, slow_stats)), \
+        (fast_label, (fast, fast_rollout_s, fast_rollouts, fast_stats)) = results.items()
+    identical = sum(trajectory_signature(a) == trajectory_signature(b)
+                    for a, b in zip(slow_rollouts, fast_rollouts, strict=True))
+    if identical != len(fast_rollouts):
+        failures.append(f"(d) {len(fast_rollouts) - identical}/{len(fast_rollouts)} GRPO rollouts with KV reuse "
+                        "differ from the re-prefill ones")
+    generated = sum(r.generated_tokens for r in fast_rollouts)
+    reasons = {reason: count for reason, count in stop_reason_counts(fast_rollouts).items() if count}
+    rows.append(Row(section, slow_label, 1, "steps", slow, "1.00x",
+                    f"rollout function (engine, re-asks, judges) {slow_rollout_s:.1f} s of the step; "
+                    f"{cache_note(slow_stats)}"))
+    rows.append(Row(section, fast_label, 1, "steps", fast, f"{slow / fast:.2f}x",
+                    f"rollout function {fast_rollout_s:.1f} s of the step ({slow_rollout_s / fast_rollout_s:.2f}x); "
+                    f"{cache_note(fast_stats)}; identical rollouts {identical}/{len(fast_rollouts)}; "
+                    f"{generated} generated tokens, stop reasons {reasons}"))
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -232,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="question sampling seed (default 0)")
     parser.add_argument("--skip-serve", action="store_true", help="leave out (c)")
+    parser.add_argument("--grpo", action="store_true", help="add (d): one GRPO step, KV reuse vs re-prefill (minutes)")
+    parser.add_argument("--grpo-model", default=BUNDLED_SMOLLM2, help=f"policy of (d) (default {BUNDLED_SMOLLM2})")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "data" / "08_reporting")
     args = parser.parse_args(argv)
     if min(args.questions, args.batch_size, args.threads, args.requests, args.serve_tokens, *args.clients) < 1:
@@ -252,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     engine_sections(generator, retriever, questions, args, rows, failures)
     if not args.skip_serve:
         serve_section(generator, args, rows, failures)
+    if args.grpo:
+        grpo_section(questions, retriever, args, rows, failures)
 
     elapsed = time.perf_counter() - started
     title = (f"Rollout and serving benchmark — {len(questions)} questions, {generator.name}, greedy, "
@@ -263,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print("[bold red]correctness checks failed:[/]\n  " + "\n  ".join(failures))
         return 1
     console.print("[green]correctness checks passed[/]: batched = sequential trajectories, engine first turns "
-                  "= raw generation prefixes, served replies = direct generation")
+                  "= raw generation prefixes, KV reuse = re-prefill trajectories, served replies = direct "
+                  "generation" + (", GRPO rollouts with = without KV reuse" if args.grpo else ""))
     return 0
 
 

@@ -3,7 +3,9 @@
 Each arm is one ``kedro run --pipeline=train_rl`` (GRPO from the latest SFT adapter, then the RL policy rolled
 out greedily on the evaluation questions and judged), tracked in MLflow as usual. The script then reads both
 runs' metrics back from MLflow and writes them side by side to ``data/08_reporting/rl_reward_comparison.csv``
-(and ``.md``). Run ``kedro run --pipeline=train_sft`` (or ``train``) first, so an SFT adapter and an index exist.
+(and ``.md``). An arm overrides the shared ``reward`` block, which RL trains with *and* reward judging evaluates
+with, so each arm's judged reward uses that arm's λp (the ``lambda_p`` column, read back from the run's logged
+parameters). Run ``kedro run --pipeline=train_sft`` (or ``train``) first, so an SFT adapter and an index exist.
 
     python experiments/rl_reward_comparison.py --steps 3 --batch 8 --micro-batch 4 --questions-per-source 4
 """
@@ -23,10 +25,10 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = {"hiprag": {"rl.reward.method": "hiprag", "rl.reward.lambda_p": 0.4},
-        "search_r1": {"rl.reward.method": "search_r1", "rl.reward.lambda_p": 0.0}}
+ARMS = {"hiprag": {"reward.method": "hiprag", "reward.lambda_p": 0.4},
+        "search_r1": {"reward.method": "search_r1", "reward.lambda_p": 0.0}}
 METHOD = "hiprag_agent_rl"
-COLUMNS = ("cem", "format_rate", "avg_retrievals", "osr", "usr", "search_ratio", "unknown_rate", "reward",
+COLUMNS = ("lambda_p", "cem", "format_rate", "avg_retrievals", "osr", "usr", "search_ratio", "unknown_rate", "reward",
            "train_reward_first", "train_reward_last", "train_seconds")
 
 
@@ -42,7 +44,7 @@ def nested(overrides: dict[str, object]) -> dict[str, object]:
     return tree
 
 
-def run_arm(name: str, overrides: dict[str, object]) -> dict[str, float]:
+def run_arm(name: str, overrides: dict[str, object]) -> dict[str, object]:
     """One train_rl run; its evaluation, judging and training numbers from MLflow."""
     started = time.perf_counter()
     with KedroSession.create(project_path=ROOT, runtime_params=nested(overrides)) as session:
@@ -65,8 +67,10 @@ def run_arm(name: str, overrides: dict[str, object]) -> dict[str, float]:
                 return float(metrics[key])
         return float("nan")
 
+    logged_lambda_p = run.data.params.get("reward.lambda_p")
     return {
         "arm": name, "mlflow_run_id": run.info.run_id,
+        "lambda_p": float(logged_lambda_p if logged_lambda_p is not None else overrides["reward.lambda_p"]),
         "cem": pick(f"evaluation.{METHOD}.all.cem"),
         "format_rate": pick(f"evaluation.{METHOD}.all.format_rate"),
         "avg_retrievals": pick(f"evaluation.{METHOD}.all.avg_retrieval_count"),

@@ -1,9 +1,10 @@
 """Typed, strict parameter schemas: an unknown or mistyped parameter is an error naming its key.
 
-Every top-level key of the Kedro ``parameters`` is owned by one schema, registered with
-:func:`register_parameters`. Nodes annotate their ``params:<namespace>`` argument with the schema, so Kedro
-(1.7+) instantiates and validates it; :func:`validate_parameters` checks the whole tree, including top-level
-keys no node reads (the project hook calls it before a run).
+Every top-level key of the Kedro ``parameters`` is owned by one schema, listed in
+:data:`prorag.pipelines.parameter_schemas.PARAMETER_SCHEMAS`. Nodes annotate their ``params:<namespace>`` argument
+with the schema, so Kedro (1.7+) instantiates and validates it; :func:`validate_parameters` checks the whole tree,
+including top-level keys no node reads (the project hook calls it before a run). Schemas are strict: no
+coercion (``true`` is not an int, ``"3"`` is not a number), so a mistyped value is an error, not a surprise.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 PARAMETER_SCHEMAS: dict[str, type[BaseModel]] = {}
+"""Schemas registered with :func:`register_parameters` (prefer a line in ``prorag.pipelines.parameter_schemas``)."""
 
 
 class StrictModel(BaseModel):
     """Base for parameter schemas: unknown keys are rejected, values are validated, nothing is coerced silently."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ParameterError(ValueError):
@@ -49,14 +51,17 @@ def parse_parameters(schema: type[ModelT], values: Mapping[str, Any] | None, nam
         raise ParameterError(_describe(error, namespace)) from None
 
 
-def validate_parameters(parameters: Mapping[str, Any]) -> dict[str, BaseModel]:
-    """Validate the whole parameter tree: unknown top-level keys and schema violations are all reported."""
+def validate_parameters(parameters: Mapping[str, Any],
+                        schemas: Mapping[str, type[BaseModel]] | None = None) -> dict[str, BaseModel]:
+    """Validate the whole parameter tree against ``schemas`` (default: the registered ones): unknown top-level
+    keys and schema violations are all reported."""
+    schemas = PARAMETER_SCHEMAS if schemas is None else schemas
     problems: list[str] = []
     parsed: dict[str, BaseModel] = {}
     for namespace, values in parameters.items():
-        schema = PARAMETER_SCHEMAS.get(namespace)
+        schema = schemas.get(namespace)
         if schema is None:
-            known = ", ".join(sorted(PARAMETER_SCHEMAS)) or "none"
+            known = ", ".join(sorted(schemas)) or "none"
             problems.append(f"unknown parameter key {namespace!r} (known top-level keys: {known})")
             continue
         if isinstance(values, BaseModel):  # already instantiated by Kedro's typed-parameter validation

@@ -1,35 +1,58 @@
-"""Project hooks: strict parameter validation and MLflow tracking of every ``kedro run``."""
+"""Project hooks: strict parameter validation, inputs from completed runs that belong together, and MLflow tracking
+of every ``kedro run``."""
 
 from __future__ import annotations
 
-import importlib
+import atexit
 import json
 import logging
-import pkgutil
-from pathlib import Path
-from typing import Any
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
 
 import mlflow
 from kedro.framework.hooks import hook_impl
-from kedro.io import AbstractVersionedDataset, DataCatalog
+from kedro.io import AbstractVersionedDataset, DataCatalog, Version
 from kedro.pipeline import Pipeline
 
-import prorag.pipelines
 from prorag.config import ParameterError, parse_parameters, validate_parameters
 from prorag.datasets import DirectoryDataset
-from prorag.tracking import TrackingParams, default_tracking_uri, flatten, git_sha, metric_series, redact
+from prorag.tracking import (
+    TrackingParams,
+    default_tracking_uri,
+    flatten,
+    git_sha,
+    metric_series,
+    redact,
+    redact_text,
+)
+from prorag.tracking.run_manifest import RunManifest, RunManifests, choose_load_versions
 
 logger = logging.getLogger(__name__)
 
 _MLFLOW_PARAM_VALUE_LIMIT = 6000
 _MLFLOW_BATCH = 100
+RUN_MANIFEST_DIR = Path("data") / "runs"
+"""Where run manifests live, relative to the project root (see :mod:`prorag.tracking.run_manifest`)."""
 
 
-def import_parameter_schemas() -> None:
-    """Import every pipeline's ``nodes`` module so that all parameter schemas are registered."""
-    for module in pkgutil.iter_modules(prorag.pipelines.__path__):
-        if module.ispkg:
-            importlib.import_module(f"prorag.pipelines.{module.name}.nodes")
+def _on_termination(callback: Callable[[], None]) -> None:
+    """Call ``callback`` when the process exits, including on SIGTERM/SIGHUP (turned into ``SystemExit`` so that
+    exit handlers run) and Ctrl-C (Kedro calls ``on_pipeline_error`` only for ``Exception``s). SIGKILL cannot be
+    caught: such a run stays RUNNING / ``running``, which is still never *completed*."""
+    atexit.register(callback)  # registered after MLflow's own exit handler, so it runs first
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _parameters(catalog: DataCatalog) -> dict[str, Any]:
@@ -42,8 +65,87 @@ class ParameterValidationHook:
     @hook_impl(tryfirst=True)  # before the tracking hook opens an MLflow run for a run that cannot start
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,
                             catalog: DataCatalog) -> None:
-        import_parameter_schemas()
-        validate_parameters(_parameters(catalog))
+        from prorag.pipelines.parameter_schemas import all_parameter_schemas  # the one explicit list
+
+        validate_parameters(_parameters(catalog), all_parameter_schemas())
+
+
+class RunVersionHook:
+    """Inputs from completed runs that belong together, and a manifest per run (issue 11, item 3).
+
+    Before the pipeline runs, every versioned input without a ``--load-versions`` pin is pinned to the newest
+    version saved by a *completed* run, and the chosen versions must share their lineage, else the run fails
+    naming both versions (:func:`~prorag.tracking.run_manifest.choose_load_versions`). The run's manifest in
+    :data:`RUN_MANIFEST_DIR` records what it loaded and saved and ends ``completed``, ``failed`` or ``killed``.
+    """
+
+    def __init__(self) -> None:
+        self._catalog: DataCatalog | None = None
+        self._manifests: RunManifests | None = None
+        self._manifest: RunManifest | None = None
+        self._exit_handler_installed = False
+
+    @hook_impl
+    def after_catalog_created(self, catalog: DataCatalog) -> None:
+        self._catalog = catalog
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline, catalog: DataCatalog) -> None:
+        project_path = Path(run_params.get("project_path") or Path.cwd())
+        self._manifests = manifests = RunManifests(project_path / RUN_MANIFEST_DIR)
+        versioned = {name: dataset for name in sorted(pipeline.inputs())
+                     if (dataset := _versioned(catalog, name)) is not None}
+        # Kedro 1.7 has no public listing of a dataset's stored versions; _get_versions is its own (newest first).
+        available = {name: [PurePosixPath(path).parent.name for path in dataset._get_versions()]
+                     for name, dataset in versioned.items()}
+        chosen = choose_load_versions(available, manifests, run_params.get("load_versions") or {})
+        for name, version in chosen.items():
+            dataset = versioned[name]
+            if dataset._version.load != version and available[name][:1] != [version]:
+                catalog[name] = dataset._copy(_version=Version(version, dataset._version.save))
+        self._manifest = RunManifest(run_id=run_params["run_id"], pipelines=run_params.get("pipeline_names")
+                                     or ["__default__"], loaded=chosen)
+        manifests.write(self._manifest)
+        if not self._exit_handler_installed:
+            _on_termination(self._mark_killed)
+            self._exit_handler_installed = True
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str) -> None:
+        if self._manifest is None or self._catalog is None:
+            return
+        dataset = _versioned(self._catalog, dataset_name)
+        if dataset is not None:
+            self._manifest.saved[dataset_name] = dataset.resolve_save_version() or self._manifest.run_id
+
+    @hook_impl
+    def after_pipeline_run(self) -> None:
+        self._finish("completed")
+
+    @hook_impl
+    def on_pipeline_error(self) -> None:
+        self._finish("failed")
+
+    def _mark_killed(self) -> None:
+        self._finish("killed")
+
+    def _finish(self, status: Literal["completed", "failed", "killed"]) -> None:
+        if self._manifest is None or self._manifests is None:
+            return
+        self._manifest.status = status
+        self._manifest.finished_at = time.time()
+        self._manifests.write(self._manifest)
+        self._manifest = None
+
+
+def _versioned(catalog: DataCatalog, name: str) -> AbstractVersionedDataset | None:
+    """The versioned dataset ``name`` of the catalog, or None (parameters, memory, unversioned, unknown)."""
+    if name == "parameters" or name.startswith("params:") or name not in catalog:
+        return None
+    dataset = catalog.get(name)
+    if isinstance(dataset, AbstractVersionedDataset) and dataset._version is not None:
+        return dataset
+    return None
 
 
 class MlflowTrackingHook:
@@ -59,6 +161,7 @@ class MlflowTrackingHook:
         self._run_active = False
         self._settings = TrackingParams()
         self._catalog: DataCatalog | None = None
+        self._exit_handler_installed = False
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,
@@ -89,6 +192,16 @@ class MlflowTrackingHook:
             "git.sha": git_sha(project_path) or "unknown",
         })
         self._log_params(_used_parameters(pipeline, parameters))
+        if not self._exit_handler_installed:
+            _on_termination(self._end_killed_run)
+            self._exit_handler_installed = True
+
+    def _end_killed_run(self) -> None:
+        """At exit with the run still open (killed, Ctrl-C): mark it KILLED rather than leave it RUNNING."""
+        if self._run_active:
+            self._run_active = False
+            mlflow.set_tag("error", "the process was killed or interrupted before the pipeline ended")
+            mlflow.end_run(status="KILLED")
 
     @hook_impl
     def after_node_run(self, outputs: dict[str, Any]) -> None:
@@ -126,7 +239,7 @@ class MlflowTrackingHook:
     @hook_impl
     def on_pipeline_error(self, error: Exception) -> None:
         if self._run_active:
-            mlflow.set_tag("error", f"{type(error).__name__}: {error}"[:5000])
+            mlflow.set_tag("error", redact_text(f"{type(error).__name__}: {error}")[:5000])
             mlflow.end_run(status="FAILED")
             self._run_active = False
 

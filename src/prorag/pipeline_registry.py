@@ -11,14 +11,19 @@ from kedro.pipeline import Node, Pipeline, pipeline
 from prorag.pipelines import (
     corpus_indexing,
     data_preparation,
+    dpo,
     evaluation,
+    kg_extraction,
+    reasonrag_data,
     reward_judging,
     rl,
     rollout,
     sft,
     sft_synthesis,
+    tearag,
 )
-from prorag.pipelines.rollout.nodes import concat_trajectories, run_rl_policy_rollouts, run_sft_policy_rollouts
+from prorag.pipelines.rollout.nodes import concat_trajectories
+from prorag.pipelines.rollout.pipeline import trained_policy_rollouts
 
 
 def register_pipelines() -> dict[str, Pipeline]:
@@ -33,39 +38,57 @@ def register_pipelines() -> dict[str, Pipeline]:
         "sft_synthesis": sft_synthesis.create_pipeline(),
         "sft": sft.create_pipeline(),
         "rl": rl.create_pipeline(),
+        "kg_extraction": kg_extraction.create_pipeline(),
+        "reasonrag_data": reasonrag_data.create_pipeline(),
+        "dpo": dpo.create_pipeline(),
     }
     pipelines["judge"] = pipelines["reward_judging"]
     pipelines["index"] = pipelines["data_preparation"] + pipelines["corpus_indexing"]
     # evaluate: roll out every configured method on the indexed questions, summarize, judge OSR/USR and rewards
     pipelines["evaluate"] = pipelines["rollout"] + pipelines["evaluation"] + pipelines["reward_judging"]
-    trained_rollouts = {
-        "sft": Node(run_sft_policy_rollouts, ["rollout_questions", "retrieval_index", "sft_adapter", "params:rollout"],
-                    "sft_policy_trajectories", name="run_sft_policy_rollouts"),
-        "rl": Node(run_rl_policy_rollouts, ["rollout_questions", "retrieval_index", "rl_adapter", "params:rollout"],
-                   "rl_policy_trajectories", name="run_rl_policy_rollouts"),
-    }
+    # the trained agent (the ``agent`` block) rolled out per trained policy: one modular pipeline per stage
+    trained_rollouts = {stage: trained_policy_rollouts(stage) for stage in ("sft", "rl")}
     judged = pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
                       inputs={"trajectories": "all_trajectories"})
     # train: index → base rollouts → SFT data → LoRA SFT → GRPO → base, SFT and RL policies evaluated side by side
     pipelines["train"] = (
         pipelines["index"] + pipelines["rollout"] + pipelines["sft_synthesis"] + pipelines["sft"] + pipelines["rl"]
-        + Pipeline([trained_rollouts["sft"], trained_rollouts["rl"],
-                    Node(concat_trajectories,
-                         ["trajectories", "sft_policy_trajectories", "rl_policy_trajectories"],
+        + trained_rollouts["sft"] + trained_rollouts["rl"]
+        + Pipeline([Node(concat_trajectories, ["trajectories", "sft_policy_trajectories", "rl_policy_trajectories"],
                          "all_trajectories", name="concat_trajectories")])
         + judged)
     # train_sft: the same without RL (index → base rollouts → SFT data → SFT → base and SFT evaluated)
     pipelines["train_sft"] = (
         pipelines["index"] + pipelines["rollout"] + pipelines["sft_synthesis"] + pipelines["sft"]
-        + Pipeline([trained_rollouts["sft"],
-                    Node(concat_trajectories, ["trajectories", "sft_policy_trajectories"], "all_trajectories",
+        + trained_rollouts["sft"]
+        + Pipeline([Node(concat_trajectories, ["trajectories", "sft_policy_trajectories"], "all_trajectories",
                          name="concat_trajectories")])
         + judged)
     # train_rl: GRPO from the latest SFT adapter, then the RL policy evaluated and judged (reward experiments)
     pipelines["train_rl"] = (
         pipelines["rollout"].only_nodes("select_rollout_questions") + pipelines["rl"]
-        + Pipeline([trained_rollouts["rl"]])
+        + trained_rollouts["rl"]
         + pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
                    inputs={"trajectories": "rl_policy_trajectories"}))
+    # train_tearag (TeaRAG §4.3): index → KG → SFT data → SFT → IP-DPO rounds → TeaRAG rollouts → evaluation, judging
+    pipelines["tearag"] = tearag.create_pipeline()
+    tearag_outputs = {name: f"tearag_{name}" for name in ("evaluation_table", "evaluation_metrics", "step_verdicts",
+                                                           "trajectory_rewards", "judge_metrics")}
+    pipelines["train_tearag"] = (
+        pipelines["index"] + pipelines["kg_extraction"]
+        + pipelines["rollout"].only_nodes("select_rollout_questions") + pipelines["tearag"]
+        + pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
+                   inputs={"trajectories": "tearag_trajectories"}, outputs=tearag_outputs))
+    # rollout_kag: the rollout with the knowledge graph attached to the index (rollout.retriever.kind: kag / kag_concat)
+    pipelines["rollout_kag"] = kg_extraction.attach_pipeline() + pipeline(
+        pipelines["rollout"], inputs={"retrieval_index": "kag_retrieval_index"})
+    # train_reasonrag (ReasonRAG §2): index → MCTS trees → step-level pairs → DPO → the DPO policy rolled out as the
+    # ReasonRAG agent (reasonrag_agent) beside the base methods on the same dev questions → evaluation and judging
+    pipelines["train_reasonrag"] = (
+        pipelines["index"] + pipelines["rollout"] + pipelines["reasonrag_data"] + pipelines["dpo"]
+        + pipeline(trained_policy_rollouts("dpo"), parameters={"params:agent": "params:reasonrag_agent"})
+        + Pipeline([Node(concat_trajectories, ["trajectories", "dpo_policy_trajectories"], "all_trajectories",
+                         name="concat_trajectories")])
+        + judged)
     pipelines["__default__"] = pipelines["train"]
     return pipelines

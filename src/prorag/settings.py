@@ -2,13 +2,18 @@
 
 import os
 
-from prorag.hooks import MlflowTrackingHook, ParameterValidationHook
+from prorag.hooks import MlflowTrackingHook, ParameterValidationHook, RunVersionHook
+from prorag.tracking.timing import NodeTimingHook
 
 os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 
-HOOKS = (ParameterValidationHook(), MlflowTrackingHook())
+# pluggy calls hooks last-registered first: RunVersionHook pins (or refuses) the inputs before an MLflow run opens.
+HOOKS = (ParameterValidationHook(), MlflowTrackingHook(), RunVersionHook(), NodeTimingHook())
 
+# Parameters are soft-merged: an env file (conf/gpu, conf/local) overrides the keys it names and keeps the rest
+# of conf/base (Kedro's default, "destructive", would replace each top-level namespace wholesale).
 CONFIG_LOADER_ARGS = {
     "base_env": "base",
     "default_run_env": "local",
+    "merge_strategy": {"parameters": "soft"},
 }

@@ -42,8 +42,8 @@ def final(answer: str) -> str:
     return f"\n</think>\n<answer>{answer}</answer>"
 
 
-def engine(generator, retriever, **options) -> RolloutEngine:
-    return RolloutEngine(generator, retriever, progress=False, **options)
+def engine(generator, retriever, protocol="hiprag", **options) -> RolloutEngine:
+    return RolloutEngine(generator, retriever, protocol, progress=False, **options)
 
 
 def check_accounting(rollout: Rollout) -> None:
@@ -307,9 +307,9 @@ def test_invalid_settings_are_rejected(scripted, keyword_retriever):
     with pytest.raises(ValueError, match="protocol"):
         RolloutEngine(generator, keyword_retriever(), protocol="react")
     with pytest.raises(ValueError, match="step_budget"):
-        RolloutEngine(generator, keyword_retriever(), step_budget=0)
+        RolloutEngine(generator, keyword_retriever(), "hiprag", step_budget=0)
     with pytest.raises(ValueError, match="samples"):
-        RolloutEngine(generator, keyword_retriever()).run([Q1], samples=0)
+        RolloutEngine(generator, keyword_retriever(), "hiprag").run([Q1], samples=0)
 
 
 # ------------------------------------------------------------------------------------- real models

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from prorag.agent import MultistageAdapter, Rollout, RolloutEngine, completion_ids_and_mask, get_adapter
+from prorag.agent import MultistageAdapter, Rollout, RolloutEngine, completion_ids_and_mask
 from prorag.data.records import Passage
-from prorag.pipelines.rollout.nodes import MethodParams
 from prorag.protocol import multistage
 from prorag.protocol.escaping import escape_retrieved
+from prorag.protocol.registry import build_adapter
+from prorag.specs import MethodSpec
 
 Q1 = "Between Harvey Pekar and Denise Levertov who was born earlier?"
 Q2 = "Are Centaurium and Dacrydium both genuses of plant species?"
@@ -27,17 +28,17 @@ def check_accounting(rollout: Rollout) -> None:
     assert rollout.segments[-1].generated
 
 
-def test_get_adapter_and_method_params_accept_multistage():
-    adapter = get_adapter("multistage")
+def test_build_adapter_and_method_spec_accept_multistage():
+    adapter = build_adapter("multistage", few_shot=False, open_next_step=False)  # options it does not take: dropped
     assert isinstance(adapter, MultistageAdapter) and adapter.name == "multistage"
     assert adapter.stop_strings == multistage.STOP_STRINGS and adapter.step_on_search
     assert adapter.messages("Who?") == multistage.render_prompt("Who?")
     assert adapter.insertion("docs") == multistage.after_search("docs")
     assert adapter.check_format("no tags") == (0, -1) and adapter.steps("anything") is None
-    params = MethodParams(name="ms", kind="agent", protocol="multistage")
-    assert isinstance(get_adapter(params.protocol), MultistageAdapter)
+    params = MethodSpec(name="ms", kind="agent", protocol="multistage")
+    assert isinstance(build_adapter(params.protocol, **params.protocol_options()), MultistageAdapter)
     with pytest.raises(ValueError, match="protocol"):
-        MethodParams(name="x", kind="agent", protocol="react")
+        MethodSpec(name="x", kind="agent", protocol="react")
 
 
 def test_well_formed_trajectory_with_one_search(scripted, keyword_retriever):

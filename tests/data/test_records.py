@@ -102,3 +102,24 @@ def test_every_vendored_file_loads(project_root):
     assert counts == {"bamboogle": 125, "hotpotqa": 700, "musique": 200, "musique_train": 120, "nq": 1000,
                       "popqa": 700, "triviaqa": 633}
     assert len(load_corpus(sorted((raw / "corpus").glob("*.jsonl")))) == 23575
+
+
+def test_a_non_utf8_byte_names_file_and_line(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(json.dumps(QUESTION).encode() + b"\n" + b'{"id": "q2", "question": "caf\xe9?"}\n')
+    with pytest.raises(DataFileError, match=r"q\.jsonl:2: not UTF-8: byte 0xe9") as error:
+        load_questions(path)
+    assert error.value.line == 2 and error.value.__cause__ is None
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_bytes(b'{"id": "p1", "title": "T", "text": "ok"}\n{"id": "p2", "title": "T", "text": "\xc3("}\n')
+    with pytest.raises(DataFileError, match=r"c\.jsonl:2: not UTF-8: byte 0xc3"):
+        load_corpus([corpus])
+
+
+def test_an_empty_question_or_corpus_file_is_an_error(tmp_path):
+    empty = _write(tmp_path / "empty.jsonl", ["", "  "])
+    with pytest.raises(DataFileError, match=r"empty\.jsonl: no question records"):
+        load_questions(empty)
+    passages = _write(tmp_path / "corpus.jsonl", [json.dumps({"id": "p1", "title": "T", "text": "x"})])
+    with pytest.raises(DataFileError, match=r"empty\.jsonl: no passage records"):
+        load_corpus([passages, empty])

@@ -31,3 +31,10 @@ def test_save_rejects_non_records(tmp_path):
     with pytest.raises(DatasetError, match="list of dicts"):
         dataset.save([1, 2])
     assert not dataset.exists()
+
+
+def test_a_non_utf8_byte_names_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"id": "1"}\n{"id": "\xff"}\n')
+    with pytest.raises(DatasetError, match=r"latin1\.jsonl:2: not UTF-8: byte 0xff"):
+        JSONLinesDataset(filepath=str(path)).load()

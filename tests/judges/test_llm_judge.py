@@ -4,6 +4,9 @@ model, and a tiny FastAPI app that is slow or fails on demand."""
 from __future__ import annotations
 
 import asyncio
+import http.server
+import json
+import logging
 import re
 import threading
 import time
@@ -200,13 +203,15 @@ def test_prompts_are_the_papers_and_present_the_material():
     assert "Prediction: beatles\nReference Answers: ['beatles', 'beatles']" in only["content"]
 
 
-def test_cache_key_depends_on_model_messages_and_params():
+def test_cache_key_depends_on_endpoint_model_messages_and_params():
     messages = equivalence_messages("a", "b")
-    key = cache_key("m", messages, {"temperature": 0.0})
-    assert key == cache_key("m", [dict(m) for m in messages], {"temperature": 0.0})
-    assert len({key, cache_key("m2", messages, {"temperature": 0.0}),
-                cache_key("m", equivalence_messages("a", "c"), {"temperature": 0.0}),
-                cache_key("m", messages, {"temperature": 0.5})}) == 4
+    here = "http://127.0.0.1:8000/v1"
+    key = cache_key("m", messages, {"temperature": 0.0}, endpoint=here)
+    assert key == cache_key("m", [dict(m) for m in messages], {"temperature": 0.0}, endpoint=here + "/")
+    assert len({key, cache_key("m2", messages, {"temperature": 0.0}, endpoint=here),
+                cache_key("m", equivalence_messages("a", "c"), {"temperature": 0.0}, endpoint=here),
+                cache_key("m", messages, {"temperature": 0.5}, endpoint=here),
+                cache_key("m", messages, {"temperature": 0.0}, endpoint="https://api.example.com/v1")}) == 5
 
 
 def test_cache_is_shared_between_connections_and_threads(tmp_path):
@@ -253,13 +258,16 @@ def test_verdicts_over_http_and_unparsable_is_unknown(served, judge_model):
     assert any(UNDER_SEARCH_PROMPT in p for p in system_prompts)
 
 
-def test_api_key_from_environment_never_shown(served, monkeypatch):
+def test_api_key_never_shown_and_never_taken_from_openai_api_key(served, monkeypatch):
     url, _ = served
-    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
-    judge = LLMJudge(url, MODEL, max_retries=0, timeout=10)
+    judge = LLMJudge(url, MODEL, API_KEY, max_retries=0, timeout=10)
     assert API_KEY not in repr(judge) and API_KEY not in str(vars(judge.stats))
     assert judge.equivalent([("a", "a")])[0].value is True
     judge.close()
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    with LLMJudge(url, MODEL, max_retries=0, timeout=10) as unkeyed:  # no key given: $OPENAI_API_KEY is not sent
+        (verdict,) = unkeyed.equivalent([("a", "a")])
+    assert verdict.value is None and verdict.error.startswith("HTTP 401")
     with make_judge(url, api_key="wrong-key") as wrong:
         (verdict,) = wrong.equivalent([("a", "a")])
     assert verdict.value is None and verdict.error.startswith("HTTP 401")
@@ -278,10 +286,11 @@ def test_second_run_is_served_from_the_cache(served, tmp_path):
     with make_judge(url, cache=JudgeCache(tmp_path / "judge.db")) as again:  # a new process would do the same
         before = app.state.stats.requests
         second = again.equivalent(items)
-        assert app.state.stats.requests == before  # zero HTTP calls
-        assert again.stats.http_calls == 0 and again.stats.cache_hits == len(items)
+        assert app.state.stats.requests - before == 1  # only the unparsable item
+        assert again.stats.http_calls == 1 and again.stats.cache_hits == len(items) - 1
     assert [v.value for v in second] == [v.value for v in first] == [False, True] * 3 + [None, False]
-    assert all(v.cached for v in second) and second[6].raw == first[6].raw  # the unparsable reply was cached
+    assert [v.cached for v in second] == [True] * 6 + [False, True]  # the unparsable reply is asked again
+    assert second[6].raw == first[6].raw and len(JudgeCache(tmp_path / "judge.db")) == 6
     with make_judge(url, cache=JudgeCache(tmp_path / "judge.db"), temperature=0.5) as other_params:
         before = app.state.stats.requests
         other_params.equivalent(items[:2])
@@ -332,14 +341,16 @@ def test_errors_are_not_cached_and_are_retried_next_run(misbehaving, served, tmp
     assert [v.value for v in first] == [True, None, None, True]
     assert first[1].error.startswith("HTTP 500") and first[2].error.startswith("timeout")
     assert len(cache) == 2 and judge.stats.errors == 2
-    # The next run (here against the other server: keys do not include the address) sends only the failures.
+    with make_judge(slow_url, cache=cache, timeout=0.3) as judge:  # the next run, same server: only the failures
+        second = judge.equivalent([items[0], items[3]])
+    assert [v.cached for v in second] == [True, True]
+    # Another endpoint is another cache entry, even under the same model name.
     url, app = served
     with make_judge(url, cache=cache) as judge:
         before = app.state.stats.requests
-        second = judge.equivalent(items)
-        assert app.state.stats.requests - before == 2
-    assert [v.cached for v in second] == [True, False, False, True]
-    assert all(v.known for v in second) and len(cache) == 4
+        third = judge.equivalent(items)
+        assert app.state.stats.requests - before == 4
+    assert not any(v.cached for v in third) and all(v.known for v in third) and len(cache) == 6
 
 
 def test_sync_methods_work_inside_a_running_event_loop_and_async_variants(served):
@@ -369,3 +380,49 @@ def test_invalid_arguments_raise():
     (unreachable,) = judge.equivalent([("a", "b")])
     judge.close()
     assert unreachable.value is None and unreachable.error.startswith("connection error")
+
+
+class NotAnApiHandler(http.server.BaseHTTPRequestHandler):
+    """A web server at the wrong ``base_url`` (or a proxy's login page): 200 with HTML, 200 with JSON that is no
+    chat completion, or 200 with the right JSON, chosen by the material."""
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", 0))).decode().lower()
+        if "html" in body:
+            reply, kind = b"<!doctype html><html><body>Please sign in</body></html>", "text/html"
+        elif "garbage" in body:
+            reply, kind = b'{"status": "ok", "choices": "none"}', "application/json"
+        else:
+            reply = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": MODEL,
+                                "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                                    "role": "assistant", "content": "<answer>True</answer>"}}]}).encode()
+            kind = "application/json"
+        self.send_response(200)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def test_a_non_json_or_garbage_200_reply_is_an_unknown_verdict_counted_and_logged(tmp_path, caplog):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotAnApiHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    cache = JudgeCache(tmp_path / "judge.db")
+    try:
+        with caplog.at_level(logging.WARNING, logger="prorag.judges"), make_judge(url, cache=cache) as judge:
+            verdicts = judge.equivalent([("HTML a", "b"), ("GARBAGE c", "d"), ("fine", "e")])
+            steps = judge.verify_steps([("Q?", "HTML", "o")])
+            answers = judge.answer_correct([("Q?", ["x"], "GARBAGE")])
+    finally:
+        server.shutdown()
+    assert [v.value for v in verdicts] == [None, None, True]
+    assert verdicts[0].error.startswith("malformed reply") and "Please sign in" in verdicts[0].error
+    assert verdicts[1].error.startswith("malformed reply")
+    assert steps[0].value is None and answers[0].value is None
+    assert judge.stats.errors == 4 and judge.stats.items == 5 and judge.stats.unparsable == 0
+    assert len(cache) == 1  # only the reply that parsed
+    assert "2 of 3 verdicts unknown (2 failed" in caplog.text and "Please sign in" in caplog.text

@@ -57,3 +57,29 @@ def test_metrics_are_bounded_and_ordered(prediction, golden):
     if em == 1.0 and normalize_answer(prediction):
         assert cem == 1.0
         assert f1 == pytest.approx(1.0)
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_mean():
+    from prorag.metrics.qa import bootstrap_interval
+
+    scores = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0] * 3  # mean 0.3 over 30 questions
+    low, high = bootstrap_interval(scores, seed=3)
+    assert (low, high) == bootstrap_interval(scores, seed=3)
+    assert 0.05 < low < 0.3 < high < 0.55
+    narrow = bootstrap_interval(scores * 10, seed=3)  # 10x the questions: a narrower interval
+    assert narrow[1] - narrow[0] < 0.6 * (high - low)
+    assert bootstrap_interval([0.0] * 10) == (0.0, 0.0)
+    assert all(value != value for value in bootstrap_interval([1.0]))  # one question: no interval (nan)
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_interval(scores, confidence=1.5)
+
+
+def test_answer_intervals_cover_cem_em_f1():
+    from prorag.metrics.qa import answer_intervals
+
+    intervals = answer_intervals(["Paris", "the Paris city", None, "Rome"], [["Paris"], ["Paris"], ["Oslo"], ["Oslo"]])
+    assert set(intervals) == {f"{m}_{side}" for m in ("cem", "em", "f1") for side in ("low", "high")}
+    assert intervals["cem_low"] <= 0.5 <= intervals["cem_high"]
+    assert intervals["em_low"] <= 0.25 <= intervals["em_high"]
+    with pytest.raises(ValueError, match="predictions"):
+        answer_intervals(["a"], [])

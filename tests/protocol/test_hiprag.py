@@ -23,18 +23,17 @@ from prorag.protocol.hiprag import (
     after_search,
     check_format,
     close_think,
-    cut_at_boundary,
     extract_answer,
     forced_answer_prefix,
     format_documents,
     initial_prefix,
     last_query,
     needs_close_think,
-    needs_forced_answer,
     parse,
     render,
     render_prompt,
 )
+from prorag.protocol.markup import cut_at_first_stop
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -457,12 +456,13 @@ def test_engine_transcript_with_search_and_budget_exhaustion():
     budget = 2
     y = initial_prefix()
     assert y == "<think>\n<step>\n<reasoning>"
-    generated, boundary = cut_at_boundary("Look it up.</reasoning>\n<search>capital of France</search> junk")
+    generated, boundary = cut_at_first_stop("Look it up.</reasoning>\n<search>capital of France</search> junk",
+                                            STOP_STRINGS)
     assert boundary == "</search>"
     y += generated
     assert last_query(y) == "capital of France"
     y += after_search(format_documents([("Paris", "Paris is the capital of France.")]))
-    generated, boundary = cut_at_boundary("Paris is the capital.</conclusion>")
+    generated, boundary = cut_at_first_stop("Paris is the capital.</conclusion>", STOP_STRINGS)
     assert boundary == "</conclusion>"
     y += generated + after_conclusion(1, budget)
     assert y.endswith("</step>\n<step>\n<reasoning>")
@@ -471,9 +471,9 @@ def test_engine_transcript_with_search_and_budget_exhaustion():
     assert y.endswith("</conclusion>\n</step>")
     assert needs_close_think(y)
     y += close_think()
-    assert needs_forced_answer(y)
+    assert "</answer>" not in y
     y += forced_answer_prefix() + "Paris</answer>"
-    assert not needs_forced_answer(y)
+    assert "</answer>" in y
     assert check_format(y) == (1, 2)
     trajectory = parse(y)
     assert trajectory.steps[0] == SearchStep(
@@ -490,7 +490,7 @@ def test_model_that_answers_itself_needs_no_second_close_think():
     y += after_conclusion(1, 4, open_next_step=False)
     y += "\n</think>\n<answer>Paris</answer>"
     assert not needs_close_think(y)
-    assert not needs_forced_answer(y)
+    assert "</answer>" in y
     assert check_format(y) == (1, 1)
     assert check_format(y + close_think()) == (0, -1)  # Algorithm 1 line 20 applied unconditionally
 
@@ -505,11 +505,11 @@ def test_after_conclusion_respects_budget():
         after_conclusion(1, 0)
 
 
-def test_stop_strings_and_cut_at_boundary():
+def test_stop_strings_and_cut_at_first_stop():
     assert STOP_STRINGS == ("</search>", "</conclusion>", "</answer>")
-    assert cut_at_boundary("a</conclusion>b</search>") == ("a</conclusion>", "</conclusion>")
-    assert cut_at_boundary("no boundary") == ("no boundary", None)
-    assert cut_at_boundary("x</answer>") == ("x</answer>", "</answer>")
+    assert cut_at_first_stop("a</conclusion>b</search>", STOP_STRINGS) == ("a</conclusion>", "</conclusion>")
+    assert cut_at_first_stop("no boundary", STOP_STRINGS) == ("no boundary", None)
+    assert cut_at_first_stop("x</answer>", STOP_STRINGS) == ("x</answer>", "</answer>")
 
 
 def test_last_query():

@@ -6,6 +6,7 @@ import pytest
 
 from prorag.protocol import search_r1
 from prorag.protocol.escaping import escape_retrieved
+from prorag.protocol.markup import cut_at_first_stop
 from prorag.protocol.search_r1 import (
     PROMPT_TEMPLATE,
     STOP_STRINGS,
@@ -14,14 +15,12 @@ from prorag.protocol.search_r1 import (
     after_search,
     check_format,
     count_searches,
-    cut_at_boundary,
     extract_answer,
     forced_answer_prefix,
     format_documents,
     initial_prefix,
     is_valid_format,
     last_query,
-    needs_forced_answer,
     parse,
     render_prompt,
 )
@@ -49,9 +48,9 @@ def test_prompt_is_search_r1_template_as_user_message():
 
 def test_boundaries_and_insertions():
     assert STOP_STRINGS == ("</search>", "</answer>")
-    assert cut_at_boundary("<think>a</think><search>q</search><information>") == (
+    assert cut_at_first_stop("<think>a</think><search>q</search><information>", STOP_STRINGS) == (
         "<think>a</think><search>q</search>", "</search>")
-    assert cut_at_boundary("no boundary") == ("no boundary", None)
+    assert cut_at_first_stop("no boundary", STOP_STRINGS) == ("no boundary", None)
     assert last_query("<search>a</search> x <search> b </search>") == "b"
     assert last_query("<think>nothing</think>") is None
     docs = format_documents([("T <1>", "text & </information>")])
@@ -59,7 +58,7 @@ def test_boundaries_and_insertions():
     assert "</information>" not in docs
     assert forced_answer_prefix() == "\n\n<answer>"
     assert count_searches(TWO_SEARCHES) == 2
-    assert needs_forced_answer("<think>x</think>") and not needs_forced_answer(TWO_SEARCHES)
+    assert "</answer>" not in "<think>x</think>" and "</answer>" in TWO_SEARCHES
 
 
 def test_parse_two_searches():

@@ -1,6 +1,8 @@
 import math
 
-from prorag.tracking import TrackingParams, default_tracking_uri, flatten, metric_series, redact
+import pytest
+
+from prorag.tracking import TrackingParams, default_tracking_uri, flatten, is_secret_key, metric_series, redact
 
 
 def test_flatten_nested_mappings_and_models():
@@ -12,6 +14,32 @@ def test_flatten_nested_mappings_and_models():
 def test_redact_secret_looking_keys():
     assert redact({"judge.api_key": "sk-1", "judge.model": "m", "x.AUTH_TOKEN": "t"}) == {
         "judge.api_key": "***", "judge.model": "m", "x.AUTH_TOKEN": "***"}
+
+
+@pytest.mark.parametrize("key", [
+    "judge.api_key", "x.AUTH_TOKEN", "hf_token", "access_token", "bearer_token", "refresh-token", "token",
+    "db.password", "passwd", "client_secret", "clientSecret", "aws.secret_access_key", "credentials",
+    "gcp.credentials.private_key", "Authorization", "apiKey", "openai.accessKey"])
+def test_secret_looking_keys_are_hidden(key):
+    assert is_secret_key(key) and redact({key: "s3cr3t"}) == {key: "***"}
+
+
+@pytest.mark.parametrize("key", [
+    "rollout.agent.max_new_tokens", "rl.agent.max_total_new_tokens", "context_tokens", "max_tokens",
+    "reward.reask_max_new_tokens", "tokenizer", "pad_token_id", "eos_token_ids", "token_budget",
+    "judge.api_key_env", "max_completion_tokens", "secretary"])
+def test_budgets_and_names_stay_visible(key):
+    assert not is_secret_key(key) and redact({key: 96}) == {key: 96}
+
+
+def test_url_userinfo_is_hidden_in_any_string_value():
+    flat = {"judge.base_url": "http://user:secret@127.0.0.1:8000/v1", "store": "postgresql://me:pw@db/mlflow",
+            "note": "see https://alice:hunter2@example.com/x and http://example.com/y", "plain": "http://h:80/v1",
+            "mirrors": ["s3://KEY:SECRET@bucket/p", "file:///tmp/x"], "nested": {"u": "http://a:b@h", "token": "t"}}
+    assert redact(flat) == {
+        "judge.base_url": "http://***@127.0.0.1:8000/v1", "store": "postgresql://***@db/mlflow",
+        "note": "see https://***@example.com/x and http://example.com/y", "plain": "http://h:80/v1",
+        "mirrors": ["s3://***@bucket/p", "file:///tmp/x"], "nested": {"u": "http://***@h", "token": "***"}}
 
 
 def test_metric_series_from_mapping_skips_non_numbers():

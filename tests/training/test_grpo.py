@@ -24,7 +24,9 @@ from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.retrieval.bm25 import BM25Retriever
 from prorag.retrieval.store import PassageStore
 from prorag.serving import create_app, serve_in_thread
+from prorag.specs import AgentSpec
 from prorag.tracking.callbacks import MlflowStepMetrics
+from prorag.training.config import GRPOSettings
 from prorag.training.grpo import (
     COMPLETED_MARKER,
     AgentRolloutFunction,
@@ -37,8 +39,13 @@ from prorag.training.process_rewards import RewardSettings, RolloutScorer
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "data" / "01_raw"
-TINY_ROLLOUT = {"step_budget": 1, "max_new_tokens_per_turn": 8, "max_total_new_tokens": 16, "batch_size": 4}
+TINY_AGENT = {"step_budget": 1, "max_new_tokens_per_turn": 8, "max_total_new_tokens": 16, "few_shot": False}
 TINY_TRAINER = {"per_device_train_batch_size": 4, "num_generations": 2, "learning_rate": 1e-3}
+AGENT = AgentSpec(**TINY_AGENT)
+
+
+def _settings(**overrides: object) -> GRPOSettings:
+    return GRPOSettings(**{**TINY_TRAINER, **overrides})
 
 SCRIPT = textwrap.dedent("""
     import itertools, json, os, signal, sys
@@ -49,6 +56,8 @@ SCRIPT = textwrap.dedent("""
     from prorag.llm.registry import BUNDLED_TINY_LLAMA
     from prorag.retrieval.bm25 import BM25Retriever
     from prorag.retrieval.store import PassageStore
+    from prorag.specs import AgentSpec
+    from prorag.training.config import GRPOSettings
     from prorag.training.grpo import AgentRolloutFunction, train_grpo_lora
     from prorag.training.process_rewards import RewardSettings, RolloutScorer
 
@@ -69,9 +78,10 @@ SCRIPT = textwrap.dedent("""
     retriever = BM25Retriever.build(PassageStore(passages))
     judge = ReferenceJudge(retriever)
     scorer = RolloutScorer(RewardSettings(), judge, judge)
-    function = AgentRolloutFunction(questions, retriever, scorer, seed=0, **json.loads(sys.argv[4]))
-    _, history = train_grpo_lora(BUNDLED_TINY_LLAMA, questions, function, out, max_steps=3, save_steps=1,
-                                 save_total_limit=None, callbacks=[KillAfterSave()], **json.loads(sys.argv[5]))
+    function = AgentRolloutFunction(questions, retriever, scorer, AgentSpec(**json.loads(sys.argv[4])), seed=0,
+                                    batch_size=4)
+    settings = GRPOSettings(max_steps=3, save_steps=1, save_total_limit=None, **json.loads(sys.argv[5]))
+    _, history = train_grpo_lora(BUNDLED_TINY_LLAMA, questions, function, out, settings, callbacks=[KillAfterSave()])
     (out / "history.json").write_text(json.dumps(history))
 """)
 
@@ -91,12 +101,12 @@ def retriever():
 @pytest.fixture(scope="module")
 def rollout_function(questions, retriever, one_torch_thread):
     judge = ReferenceJudge(retriever)
-    return AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), seed=0,
-                                **TINY_ROLLOUT)
+    return AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), AGENT,
+                                seed=0, batch_size=4)
 
 
 def test_rollout_function_returns_the_exact_ids_logprobs_and_env_mask(questions, rollout_function, tmp_path):
-    trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path, **TINY_TRAINER)
+    trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path, _settings())
     prompts = [question.question for question in questions[:2] for _ in range(2)]
     output = rollout_function(prompts, trainer)
 
@@ -136,10 +146,10 @@ def test_policy_server_rollouts_go_through_the_openai_api(questions, retriever, 
                                            max_tokens_limit=64))
     judge = ReferenceJudge(retriever)
     server = PolicyServer(url.removesuffix("/v1"), "policy", timeout=30.0)
-    function = AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), seed=0,
-                                    policy_server=server, **TINY_ROLLOUT)
+    function = AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), AGENT,
+                                    seed=0, batch_size=4, policy_server=server)
     try:
-        trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path, **TINY_TRAINER)
+        trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path, _settings())
         output = function([question.question for question in questions[:2] for _ in range(2)], trainer)
     finally:
         stop()
@@ -156,17 +166,17 @@ def test_policy_server_rollouts_go_through_the_openai_api(questions, retriever, 
 @pytest.mark.skipif(is_vllm_available(), reason="vllm is installed")
 def test_a_policy_server_without_vllm_is_refused_before_training(questions, retriever, tmp_path):
     judge = ReferenceJudge(retriever)
-    function = AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge),
-                                    policy_server=PolicyServer("http://127.0.0.1:8001", "policy"), **TINY_ROLLOUT)
+    function = AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), AGENT,
+                                    batch_size=4, policy_server=PolicyServer("http://127.0.0.1:8001", "policy"))
     with pytest.raises(ImportError, match=r"http://127.0.0.1:8001.*needs vllm installed"):
-        build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, function, tmp_path, **TINY_TRAINER)
+        build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, function, tmp_path, _settings())
 
 
 def test_training_logs_agent_metrics_to_mlflow_and_saves_the_adapter(questions, rollout_function, tmp_path,
                                                                     mlflow_uri):
     with mlflow.start_run() as run:
-        adapter, history = train_grpo_lora(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path, max_steps=2,
-                                           save_steps=1, callbacks=[MlflowStepMetrics("rl")], **TINY_TRAINER)
+        adapter, history = train_grpo_lora(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path,
+                                           _settings(max_steps=2, save_steps=1), callbacks=[MlflowStepMetrics("rl")])
     assert (adapter / "adapter_config.json").is_file()
     assert (tmp_path / COMPLETED_MARKER).is_file()
     steps = [entry for entry in history if "loss" in entry]
@@ -182,7 +192,7 @@ def test_training_logs_agent_metrics_to_mlflow_and_saves_the_adapter(questions, 
 
 def test_dynamic_sampling_drops_groups_whose_rewards_are_equal(questions, rollout_function, tmp_path):
     trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path,
-                                 drop_uniform_groups=True, **TINY_TRAINER)
+                                 _settings(drop_uniform_groups=True))
     output = {"advantages": torch.tensor([0.7, -0.7, 0.0, 0.0]), "completion_mask": torch.ones(4, 3, dtype=torch.int),
               "tool_mask": torch.tensor([[1, 0, 1]] * 4), "num_items_in_batch": torch.tensor(8)}
     trainer._drop_uniform_groups(output)
@@ -209,7 +219,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, one_torch_threa
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     arguments = [sys.executable, str(script), str(RAW), str(out)]
-    settings = [json.dumps(TINY_ROLLOUT), json.dumps(TINY_TRAINER)]
+    settings = [json.dumps(TINY_AGENT), json.dumps(TINY_TRAINER)]
     killed = subprocess.run([*arguments, "2", *settings], env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     checkpoints = sorted(path.name for path in (out / "checkpoints").glob("checkpoint-*"))

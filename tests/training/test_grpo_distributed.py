@@ -1,5 +1,5 @@
 """GRPO data-parallel under ``accelerate launch``: 2 CPU processes with the gloo backend run the same training
-(``benchmarks/grpo_distributed.py``, the tiny random Llama, 2 steps) and share the generation batch."""
+(``prorag.training.toy_grpo_run``, the tiny random Llama, 2 steps) and share the generation batch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "grpo_distributed.py"
+SCRIPT = ROOT / "src" / "prorag" / "training" / "toy_grpo_run.py"  # the worker the GRPO benchmark launches too
 # accelerate 1.15: --multi_gpu is its local multi-process (torchrun) launcher and needs no GPU; the training's
 # use_cpu=True makes accelerate pick MULTI_CPU + gloo. `--cpu --num_processes 2` would start one process (MPI).
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",

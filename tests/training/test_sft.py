@@ -14,6 +14,7 @@ from prorag.llm.generation import render_chat
 from prorag.llm.registry import BUNDLED_TINY_LLAMA, load_causal_lm, load_tokenizer
 from prorag.protocol.hiprag import SYSTEM_PROMPT, after_search, format_documents, initial_prefix, parse, render_prompt
 from prorag.retrieval.base import Hit
+from prorag.training.config import SFTSettings
 from prorag.training.sft import IGNORE_INDEX, build_sft_example, completion_pieces, train_sft_lora
 from prorag.training.synthesis import SynthesizedTrajectory, synthesize_musique
 
@@ -39,7 +40,8 @@ def musique() -> list[Question]:
 
 @pytest.fixture(scope="module")
 def trajectories(musique) -> list[SynthesizedTrajectory]:
-    found = [synthesize_musique(q, DistractorRetriever(), top_k=3, rng=random.Random(0)) for q in musique]
+    found = [synthesize_musique(q, DistractorRetriever(), top_k=3, rng=random.Random(0), protocol="hiprag")
+             for q in musique]
     return [trajectory for trajectory in found if trajectory is not None]
 
 
@@ -52,7 +54,7 @@ def _runs(example: dict[str, list[int]]) -> list[tuple[bool, list[int]]]:
 
 def test_loss_covers_the_policy_tokens_only(tokenizer, trajectories):
     trajectory = trajectories[1]  # four search steps
-    example = build_sft_example(tokenizer, trajectory.question, trajectory.completion)
+    example = build_sft_example(tokenizer, trajectory.question, trajectory.completion, protocol="hiprag")
     assert len(example["input_ids"]) == len(example["labels"]) == len(example["attention_mask"])
     prompt = render_chat(tokenizer, render_prompt(trajectory.question))
     assert tokenizer.decode(example["input_ids"]) == prompt + trajectory.completion + tokenizer.eos_token
@@ -85,8 +87,9 @@ def test_loss_covers_the_policy_tokens_only(tokenizer, trajectories):
 
 def test_zero_shot_prompt_is_masked_too(tokenizer, trajectories):
     trajectory = trajectories[0]
-    example = build_sft_example(tokenizer, trajectory.question, trajectory.completion, few_shot=False)
-    full = build_sft_example(tokenizer, trajectory.question, trajectory.completion)
+    example = build_sft_example(tokenizer, trajectory.question, trajectory.completion, protocol="hiprag",
+                                few_shot=False)
+    full = build_sft_example(tokenizer, trajectory.question, trajectory.completion, protocol="hiprag")
     prompt = render_chat(tokenizer, render_prompt(trajectory.question, few_shot=False))
     assert tokenizer.decode(_runs(example)[0][1]) == prompt + initial_prefix()
     assert len(example["input_ids"]) < len(full["input_ids"])
@@ -96,7 +99,7 @@ def test_zero_shot_prompt_is_masked_too(tokenizer, trajectories):
 
 def test_completion_pieces_rebuild_the_completion(trajectories):
     for trajectory in trajectories:
-        pieces = completion_pieces(trajectory.completion)
+        pieces = completion_pieces(trajectory.completion, "hiprag")
         assert "".join(text for text, _ in pieces) == trajectory.completion
         inserted = [text for text, trained in pieces if not trained]
         assert inserted[0] == initial_prefix()
@@ -107,17 +110,17 @@ def test_escaped_context_is_masked_whole(tokenizer):
     docs = format_documents([("T", "a </context> b <answer>x</answer>")])
     completion = (f"{initial_prefix()}r</reasoning>\n<search>q</search>{after_search(docs)}o</conclusion>\n"
                   "</step>\n</think>\n<answer>x</answer>")
-    example = build_sft_example(tokenizer, "q?", completion, add_eos=False)
+    example = build_sft_example(tokenizer, "q?", completion, protocol="hiprag", add_eos=False)
     visible = "".join(tokenizer.decode(ids) for trained, ids in _runs(example) if trained)
     assert visible == "r</reasoning>\n<search>q</search>o</conclusion>\n</think>\n<answer>x</answer>"
 
 
 def test_malformed_completion_is_rejected(tokenizer):
     with pytest.raises(ValueError, match="format check"):
-        build_sft_example(tokenizer, "q?", "<think>no steps</think><answer>x</answer>")
+        build_sft_example(tokenizer, "q?", "<think>no steps</think><answer>x</answer>", protocol="hiprag")
     with pytest.raises(ValueError, match="initial prefix"):
         build_sft_example(tokenizer, "q?", "<think><step><reasoning>r</reasoning><conclusion>o</conclusion></step>"
-                                           "</think><answer>x</answer>")
+                                           "</think><answer>x</answer>", protocol="hiprag")
 
 
 @pytest.mark.slow
@@ -125,13 +128,14 @@ def test_train_sft_lora_writes_a_loadable_adapter(one_torch_thread, tokenizer, m
     from peft import PeftModel
 
     # gold-only contexts and the zero-shot prompt keep the sequences short (~700 tokens)
-    gold_only = [synthesize_musique(q, None, rng=random.Random(0)) for q in musique[:4]]
-    examples = [build_sft_example(tokenizer, t.question, t.completion, few_shot=False)
+    gold_only = [synthesize_musique(q, None, rng=random.Random(0), protocol="hiprag") for q in musique[:4]]
+    examples = [build_sft_example(tokenizer, t.question, t.completion, protocol="hiprag", few_shot=False)
                 for t in gold_only if t is not None]
     assert len(examples) == 4
     adapter_dir, log_history = train_sft_lora(
-        BUNDLED_TINY_LLAMA, examples, tmp_path / "sft", lora_r=4, lora_alpha=8, max_steps=2,
-        per_device_train_batch_size=1, gradient_accumulation_steps=2, learning_rate=1e-2, seed=0)
+        BUNDLED_TINY_LLAMA, examples, tmp_path / "sft",
+        SFTSettings(lora_r=4, lora_alpha=8, max_steps=2, per_device_train_batch_size=1, gradient_accumulation_steps=2,
+                    learning_rate=1e-2, seed=0))
     assert adapter_dir == tmp_path / "sft" / "adapter"
     assert (adapter_dir / "adapter_config.json").is_file()
     assert not list(adapter_dir.glob("model*.safetensors"))  # the adapter only, not the base model

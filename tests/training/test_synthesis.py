@@ -58,7 +58,7 @@ def bm25() -> BM25Retriever:
 
 @pytest.fixture(scope="module")
 def synthesized(musique, hotpotqa, bm25) -> tuple[list[SynthesizedTrajectory], dict[str, str]]:
-    return synthesize_trajectories([*musique, *hotpotqa], bm25, top_k=3, seed=0)
+    return synthesize_trajectories([*musique, *hotpotqa], bm25, top_k=3, seed=0, protocol="hiprag")
 
 
 def test_every_trajectory_passes_the_format_check(synthesized, musique, hotpotqa):
@@ -111,7 +111,8 @@ def test_musique_steps_follow_the_decomposition(synthesized, musique):
 def test_gold_passage_is_inserted_when_the_retriever_misses(musique):
     retriever = UnrelatedRetriever()
     skipped: dict[str, str] = {}
-    trajectory = synthesize_musique(musique[1], retriever, top_k=3, rng=random.Random(0), skipped=skipped)
+    trajectory = synthesize_musique(musique[1], retriever, top_k=3, rng=random.Random(0), protocol="hiprag",
+                                    skipped=skipped)
     assert trajectory is not None and not skipped
     assert retriever.calls == [list(trajectory.queries)]  # one batched call per question
     assert trajectory.n_search == 4 and trajectory.gold_inserted == 4
@@ -122,7 +123,7 @@ def test_gold_passage_is_inserted_when_the_retriever_misses(musique):
         assert len(ids) == 3 and gold in ids  # the last unrelated hit was replaced
         assert [i for i in ids if i != gold] == ["unrelated-0", "unrelated-1"]
         positions.append(ids.index(gold))
-    again = synthesize_musique(musique[1], UnrelatedRetriever(), top_k=3, rng=random.Random(0))
+    again = synthesize_musique(musique[1], UnrelatedRetriever(), top_k=3, rng=random.Random(0), protocol="hiprag")
     assert again == trajectory  # the positions come from the caller's rng
     for step in parse(trajectory.completion).search_steps:
         assert "Nothing useful here" in step.context
@@ -140,13 +141,13 @@ def test_retrieved_gold_passage_is_not_counted_as_inserted(musique):
                          text=paragraphs[entry["paragraph_support_idx"]]["paragraph_text"], score=2.0),
                      Hit.from_passage(UNRELATED[0], 1.0)] for entry in decomposition]
 
-    trajectory = synthesize_musique(question, GoldFirst(), top_k=3, rng=random.Random(0))
+    trajectory = synthesize_musique(question, GoldFirst(), top_k=3, rng=random.Random(0), protocol="hiprag")
     assert trajectory is not None and trajectory.gold_inserted == 0
     assert all(len(ids) == 2 for ids in trajectory.context_ids)
 
 
 def test_without_a_retriever_the_context_is_the_gold_passage(hotpotqa):
-    trajectory = synthesize_hotpotqa(hotpotqa[0], None, rng=random.Random(0))
+    trajectory = synthesize_hotpotqa(hotpotqa[0], None, rng=random.Random(0), protocol="hiprag")
     assert trajectory is not None
     assert trajectory.gold_inserted == trajectory.n_search == 2
     assert all(len(ids) == 1 for ids in trajectory.context_ids)
@@ -154,7 +155,7 @@ def test_without_a_retriever_the_context_is_the_gold_passage(hotpotqa):
 
 def test_yes_no_comparison_ends_with_a_non_search_decision(hotpotqa):
     question = next(q for q in hotpotqa if q.metadata["type"] == "comparison" and q.golden_answers[0] == "yes")
-    trajectory = synthesize_hotpotqa(question, UnrelatedRetriever(), rng=random.Random(1))
+    trajectory = synthesize_hotpotqa(question, UnrelatedRetriever(), rng=random.Random(1), protocol="hiprag")
     assert trajectory is not None and trajectory.kind == "hotpotqa/comparison"
     parsed = parse(trajectory.completion)
     assert [type(step) for step in parsed.steps] == [SearchStep, SearchStep, NonSearchStep]
@@ -168,7 +169,7 @@ def test_yes_no_comparison_ends_with_a_non_search_decision(hotpotqa):
 
 def test_bridge_starts_from_the_entity_of_the_question(hotpotqa):
     question = next(q for q in hotpotqa if "Michael Mclntyre" in q.question)
-    trajectory = synthesize_hotpotqa(question, None, rng=random.Random(0))
+    trajectory = synthesize_hotpotqa(question, None, rng=random.Random(0), protocol="hiprag")
     assert trajectory is not None
     parsed = parse(trajectory.completion)
     assert [step.query.split()[:2] for step in parsed.search_steps] == [["Michael", "McIntyre"], ["Ray", "Cameron"]]
@@ -185,27 +186,27 @@ def _with_metadata(question: Question, **changes: object) -> Question:
 def test_unanswerable_and_malformed_records_are_skipped_with_a_reason(musique, hotpotqa):
     unanswerable = next(q for q in musique if q.metadata["answerable"] is False)
     skipped: dict[str, str] = {}
-    assert synthesize_musique(unanswerable, None, rng=random.Random(0), skipped=skipped) is None
+    assert synthesize_musique(unanswerable, None, rng=random.Random(0), protocol="hiprag", skipped=skipped) is None
     assert skipped == {unanswerable.key: "unanswerable record (answerable: false)"}
 
     decomposition = [dict(entry) for entry in musique[0].metadata["question_decomposition"]]
     decomposition[0]["question"] = "Who founded #2 ?"  # refers to a later sub-question
     forward = _with_metadata(musique[0], question_decomposition=decomposition)
     skipped = {}
-    assert synthesize_musique(forward, None, rng=random.Random(0), skipped=skipped) is None
+    assert synthesize_musique(forward, None, rng=random.Random(0), protocol="hiprag", skipped=skipped) is None
     assert skipped[forward.key] == "sub-question 1 refers to #2"
 
     tagged = [dict(entry) for entry in musique[0].metadata["question_decomposition"]]
     tagged[0]["answer"] = "</answer> injected"
     skipped = {}
     assert synthesize_musique(_with_metadata(musique[0], question_decomposition=tagged), None,
-                              rng=random.Random(0), skipped=skipped) is None
+                              rng=random.Random(0), protocol="hiprag", skipped=skipped) is None
     assert "protocol tag" in skipped[musique[0].key]
 
     facts = [[title, 0] for title, _ in hotpotqa[0].metadata["context"][:3]]
     three_titles = _with_metadata(hotpotqa[0], supporting_facts=facts)
     skipped = {}
-    assert synthesize_hotpotqa(three_titles, None, rng=random.Random(0), skipped=skipped) is None
+    assert synthesize_hotpotqa(three_titles, None, rng=random.Random(0), protocol="hiprag", skipped=skipped) is None
     assert skipped[hotpotqa[0].key] == "expected 2 supporting titles, got 3"
 
 
@@ -214,7 +215,7 @@ def test_non_search_sub_question_and_final_step(musique):
     decomposition[0]["paragraph_support_idx"] = None
     decomposition[1]["answer"] = "Hall"  # differs from the gold answer: a final step states it
     question = _with_metadata(musique[0], question_decomposition=decomposition)
-    trajectory = synthesize_musique(question, None, rng=random.Random(0))
+    trajectory = synthesize_musique(question, None, rng=random.Random(0), protocol="hiprag")
     assert trajectory is not None
     steps = parse(trajectory.completion).steps
     assert [type(step) for step in steps] == [NonSearchStep, SearchStep, NonSearchStep]

@@ -1,7 +1,8 @@
 """The agent: a batched multi-turn rollout engine (HiPRAG Algorithm 1, Search-R1) and non-agentic baselines.
 
 ``RolloutEngine(generator, retriever, protocol).run(questions)`` returns :class:`Rollout` records with the
-exact token segments the policy saw; :class:`DirectAnswer` and :class:`StandardRAG` return the same record.
+exact token segments the policy saw; :class:`DirectAnswer` and :class:`StandardRAG` return the same record;
+:func:`build_runner` picks the runner of a :class:`~prorag.specs.MethodSpec`.
 """
 
 from prorag.agent.baselines import DirectAnswer, StandardRAG
@@ -11,8 +12,8 @@ from prorag.agent.engine import (
     RetrievalFailedError,
     RolloutEngine,
     RolloutError,
-    get_adapter,
 )
+from prorag.agent.runner import Runner, build_engine, build_policy, build_retriever, build_runner
 from prorag.agent.trajectory import (
     STOP_REASONS,
     Rollout,
@@ -38,11 +39,15 @@ __all__ = [
     "Rollout",
     "RolloutEngine",
     "RolloutError",
+    "Runner",
     "SearchR1Adapter",
     "Segment",
     "StandardRAG",
     "StopReason",
+    "build_engine",
+    "build_policy",
+    "build_retriever",
+    "build_runner",
     "completion_ids_and_mask",
-    "get_adapter",
     "stop_reason_counts",
 ]

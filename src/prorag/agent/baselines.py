@@ -61,7 +61,9 @@ class _AnswerOnce:
     method: str
 
     def __init__(self, generator: Generator, *, max_new_tokens: int = 64, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None, logprobs: bool = False) -> None:
+                 top_p: float = 1.0, seed: int | None = None, logprobs: bool = False,
+                 method: str | None = None) -> None:
+        self.method = method or type(self).method
         self.generator = generator
         self.tokenizer = require_tokenizer(generator)
         self.params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
@@ -125,9 +127,9 @@ class StandardRAG(_AnswerOnce):
 
     def __init__(self, generator: Generator, retriever: Retriever, *, top_k: int = 3, max_new_tokens: int = 64,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 logprobs: bool = False) -> None:
+                 logprobs: bool = False, method: str | None = None) -> None:
         super().__init__(generator, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                         seed=seed, logprobs=logprobs)
+                         seed=seed, logprobs=logprobs, method=method)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k must be a positive int, got {top_k!r}")
         self.retriever = retriever

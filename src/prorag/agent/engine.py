@@ -37,7 +37,6 @@ context holds :data:`EMPTY_QUERY_NOTE`; a query with no hits gets :data:`NO_RESU
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,18 +47,15 @@ from tqdm.auto import tqdm
 from prorag.agent.trajectory import Rollout, Segment, SegmentKind, StopReason, stop_reason_counts
 from prorag.data.records import Question
 from prorag.llm.generation import Completion, Generator, SamplingParams
-from prorag.protocol import hiprag
-from prorag.protocol.base import ProtocolAdapter
+from prorag.protocol.base import ProtocolAdapter, format_documents
 from prorag.protocol.escaping import escape_retrieved
-from prorag.protocol.registry import adapter_factory, get_protocol
+from prorag.protocol.registry import build_adapter
 from prorag.retrieval.base import Hit, Retriever
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
-
-ProtocolName = str
 
 EMPTY_QUERY_NOTE: Final = "(empty search query: nothing was retrieved)"
 NO_RESULTS_NOTE: Final = "(no results)"
@@ -77,20 +73,6 @@ class RetrievalFailedError(RolloutError):
         self.queries = list(queries)
         super().__init__(f"retrieval failed for question(s) {self.question_keys} with queries {self.queries}: "
                          f"{type(cause).__name__}: {cause}")
-
-
-# ---------------------------------------------------------------------------------- protocol adapters
-
-
-def get_adapter(protocol: str | ProtocolAdapter, *, open_next_step: bool = False,
-                few_shot: bool = True) -> ProtocolAdapter:
-    """The adapter of a protocol name from :mod:`prorag.protocol.registry`; ``open_next_step`` and ``few_shot``
-    go to the protocols that take them; an adapter passes through."""
-    if not isinstance(protocol, str):
-        return protocol
-    options = {"open_next_step": open_next_step, "few_shot": few_shot}
-    accepted = inspect.signature(adapter_factory(protocol)).parameters
-    return get_protocol(protocol, **{key: value for key, value in options.items() if key in accepted})
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -139,7 +121,7 @@ def require_tokenizer(generator: Generator) -> PreTrainedTokenizerBase:
 
 def documents_text(hits: Sequence[Hit]) -> str:
     """Escaped, numbered documents (``Doc i(Title: …) …``), or :data:`NO_RESULTS_NOTE`."""
-    return hiprag.format_documents([(hit.title, hit.text) for hit in hits]) if hits \
+    return format_documents([(hit.title, hit.text) for hit in hits]) if hits \
         else escape_retrieved(NO_RESULTS_NOTE)
 
 
@@ -186,7 +168,7 @@ class RolloutEngine:
     """
 
     def __init__(self, generator: Generator, retriever: Retriever,
-                 protocol: ProtocolName | str | ProtocolAdapter = "hiprag", *,
+                 protocol: str | ProtocolAdapter, *,
                  step_budget: int = 4, top_k: int = 3, max_new_tokens_per_turn: int = 256,
                  max_total_new_tokens: int = 1024, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, open_next_step: bool = False, logprobs: bool = False,
@@ -199,7 +181,7 @@ class RolloutEngine:
         SamplingParams(max_new_tokens=1, temperature=temperature, top_p=top_p, seed=seed)  # validate early
         self.generator = generator
         self.retriever = retriever
-        self.adapter = get_adapter(protocol, open_next_step=open_next_step)
+        self.adapter = build_adapter(protocol, open_next_step=open_next_step)
         self.tokenizer = require_tokenizer(generator)
         self.step_budget = step_budget
         self.top_k = top_k

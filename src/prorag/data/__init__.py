@@ -9,7 +9,7 @@ from prorag.data.records import (
     load_questions,
     normalize_text,
 )
-from prorag.data.selection import select_training_questions
+from prorag.data.selection import select_questions
 
 __all__ = [
     "DataFileError",
@@ -24,6 +24,6 @@ __all__ = [
     "normalize_text",
     "read_corpus_files",
     "read_jsonl",
-    "select_training_questions",
+    "select_questions",
     "write_jsonl",
 ]

@@ -50,16 +50,21 @@ def deduplicate_passages(passages: Iterable[Passage], origins: Sequence[str] | N
 
 
 def read_corpus_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Passage], list[str]]:
-    """Read several corpus files without deduplicating: the passages and each one's ``file:line`` origin."""
+    """Read several corpus files without deduplicating: the passages and each one's ``file:line`` origin.
+
+    A file without any record is an error (a silent zero would build an index without that corpus)."""
     passages: list[Passage] = []
     origins: list[str] = []
     for path in paths:
+        before = len(passages)
         for line_number, raw in iter_jsonl(path):
             try:
                 passages.append(Passage.from_dict(raw))
             except ValueError as error:
                 raise DataFileError(path, f"invalid passage record: {error}", line_number) from error
             origins.append(f"{os.fspath(path)}:{line_number}")
+        if len(passages) == before:
+            raise DataFileError(path, "no passage records: the corpus file is empty")
     return passages, origins
 
 

@@ -20,24 +20,34 @@ class DataFileError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
+def parse_jsonl_lines(lines: Iterable[bytes], path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for every non-blank line of raw bytes; a line that is not UTF-8, not
+    JSON or not an object raises :class:`DataFileError` naming ``path`` and the line (numbered from 1)."""
+    for line_number, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DataFileError(path, f"not UTF-8: byte 0x{raw[error.start]:02x} at byte {error.start + 1} of the "
+                                      "line (re-save the file as UTF-8)", line_number) from None
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataFileError(path, f"malformed JSON ({error.msg} at column {error.colno})",
+                                line_number) from error
+        if not isinstance(record, dict):
+            raise DataFileError(path, f"expected a JSON object, got {type(record).__name__}", line_number)
+        yield line_number, record
+
+
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, object)`` for every non-blank line; line numbers start at 1."""
     file_path = Path(path)
     if not file_path.is_file():
         raise DataFileError(file_path, "file not found" if not file_path.exists() else "not a regular file")
-    with file_path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataFileError(file_path, f"malformed JSON ({error.msg} at column {error.colno})",
-                                    line_number) from error
-            if not isinstance(record, dict):
-                raise DataFileError(file_path, f"expected a JSON object, got {type(record).__name__}",
-                                    line_number)
-            yield line_number, record
+    with file_path.open("rb") as handle:
+        yield from parse_jsonl_lines(handle, file_path)
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

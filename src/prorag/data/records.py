@@ -61,7 +61,12 @@ class Question:
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     source: str = ""
-    """Name of the file the question came from (its stem), e.g. ``musique_train``; set by the loader."""
+    """Name of the file the question came from (its stem), e.g. ``musique_train``; set by the loader. Where it is
+    not given it is the dataset, so ``source`` always names the group a question is selected and reported by."""
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            object.__setattr__(self, "source", self.dataset)
 
     @property
     def key(self) -> str:
@@ -124,6 +129,8 @@ def load_questions(path: str | os.PathLike[str]) -> list[Question]:
                                       f"(first on line {seen[question.key]})", line_number)
         seen[question.key] = line_number
         questions.append(question)
+    if not questions:
+        raise DataFileError(path, "no question records: the question file is empty")
     return questions
 
 

@@ -2,6 +2,7 @@
 
 from prorag.datasets.directory_dataset import DirectoryDataset
 from prorag.datasets.jsonl_dataset import JSONLinesDataset
+from prorag.datasets.knowledge_graph_dataset import KnowledgeGraphDataset
 from prorag.datasets.retrieval_index_dataset import RetrievalIndexDataset
 
-__all__ = ["DirectoryDataset", "JSONLinesDataset", "RetrievalIndexDataset"]
+__all__ = ["DirectoryDataset", "JSONLinesDataset", "KnowledgeGraphDataset", "RetrievalIndexDataset"]

@@ -8,12 +8,12 @@ from typing import Any
 
 from kedro.io.core import DatasetError, get_filepath_str
 
-from prorag.data.jsonl import DataFileError
+from prorag.data.jsonl import parse_jsonl_lines
 from prorag.datasets.fsspec_base import FsspecVersionedDataset
 
 
 class JSONLinesDataset(FsspecVersionedDataset[list[dict[str, Any]], list[dict[str, Any]]]):
-    """Loads and saves ``list[dict]`` as JSONL; a malformed line fails with the file and line number.
+    """Loads and saves ``list[dict]`` as JSONL; a malformed or non-UTF-8 line fails with the file and line number.
 
     Saving writes the whole file in one ``open`` call of the target filesystem, so a failed node never
     leaves a truncated version behind for the next run to load.
@@ -21,19 +21,8 @@ class JSONLinesDataset(FsspecVersionedDataset[list[dict[str, Any]], list[dict[st
 
     def load(self) -> list[dict[str, Any]]:
         path = self._load_path()
-        records: list[dict[str, Any]] = []
-        with self._fs.open(path, mode="r", encoding="utf-8") as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise DataFileError(path, f"malformed JSON ({error.msg})", line_number) from error
-                if not isinstance(record, dict):
-                    raise DataFileError(path, "expected a JSON object", line_number)
-                records.append(record)
-        return records
+        with self._fs.open(path, mode="rb") as handle:
+            return [record for _, record in parse_jsonl_lines(handle, path)]
 
     def save(self, data: list[dict[str, Any]]) -> None:
         if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):

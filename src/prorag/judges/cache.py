@@ -1,9 +1,9 @@
 """A persistent cache of judge replies (SQLite, WAL), so a re-run or a crash never repeats a paid call.
 
-A row maps ``key`` — :func:`cache_key`, the SHA-256 of the model name, the prompt messages and the sampling
-parameters — to the judge's raw reply. Only replies of *completed* HTTP calls are stored (unparsable ones
-included: the call was made and paid for); errors and timeouts are not, so they are retried on the next run.
-The verdict is re-parsed from the raw reply on every read, so a parser change applies to cached replies too.
+A row maps ``key`` — :func:`cache_key`, the SHA-256 of the endpoint, the model name, the prompt messages and the
+sampling parameters — to the judge's raw reply. Only replies that parsed into a verdict are stored; errors,
+timeouts and unparsable replies are not, so they are asked again on the next run (a reply that stops parsing
+after a parser change is treated as missing too). The verdict is re-parsed from the raw reply on every read.
 
 Each reply is committed as soon as it arrives. Safe across threads (one connection behind a lock) and
 processes (SQLite's WAL journal and a busy timeout; a forked child opens its own connection on first use).
@@ -33,10 +33,12 @@ CREATE TABLE IF NOT EXISTS judge_replies (
 _CHUNK = 500  # keys per SELECT … IN (…), below SQLite's variable limit
 
 
-def cache_key(model: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]) -> str:
-    """SHA-256 hex digest of the model, the messages and the sampling parameters (canonical JSON)."""
-    payload = json.dumps({"model": model, "messages": [dict(message) for message in messages],
-                          "params": dict(params)}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+def cache_key(model: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any], *, endpoint: str) -> str:
+    """SHA-256 hex digest of the endpoint (base URL), the model, the messages and the sampling parameters
+    (canonical JSON): the same model name behind two servers may be two different models."""
+    payload = json.dumps({"endpoint": endpoint.rstrip("/"), "model": model,
+                          "messages": [dict(message) for message in messages], "params": dict(params)},
+                         sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 

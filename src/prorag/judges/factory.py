@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 from prorag.judges.base import Judge
 from prorag.judges.cache import JudgeCache
 from prorag.judges.llm_judge import LLMJudge
 from prorag.judges.reference import ReferenceJudge
+from prorag.llm.openai_backend import api_key_from_env
 from prorag.retrieval.base import Retriever
 
 
 def build_judge(kind: Literal["reference", "llm"], *, retriever: Retriever | None = None,
-                base_url: str | None = None, model: str | None = None, api_key_env: str = "OPENAI_API_KEY",
+                base_url: str | None = None, model: str | None = None, api_key_env: str | None = "OPENAI_API_KEY",
                 cache_path: str | None = None, max_concurrency: int = 32, timeout: float = 30.0,
                 max_retries: int = 2, temperature: float | None = 0.0, f1_threshold: float = 0.8,
                 grounding_threshold: float = 0.6, top_k: int = 5) -> Judge:
     """A deterministic reference judge, or an OpenAI-compatible LLM judge whose key is read from the
-    environment variable named ``api_key_env`` (never from parameters) and whose replies are cached in
-    ``cache_path`` (SQLite) so a re-run never repeats a call."""
+    environment variable named ``api_key_env`` (never from parameters, never from another variable: unset is an
+    error before any request, ``None`` a keyless server) and whose replies are cached in ``cache_path`` (SQLite)
+    so a re-run never repeats a call."""
     if kind == "reference":
         return ReferenceJudge(retriever, f1_threshold=f1_threshold, top_k=top_k,
                               grounding_threshold=grounding_threshold)
@@ -28,5 +29,6 @@ def build_judge(kind: Literal["reference", "llm"], *, retriever: Retriever | Non
     if not base_url or not model:
         raise ValueError("an llm judge needs base_url and model")
     cache = JudgeCache(cache_path) if cache_path else None
-    return LLMJudge(base_url, model, os.environ.get(api_key_env), max_concurrency=max_concurrency, timeout=timeout,
+    api_key = api_key_from_env(api_key_env, endpoint=f"the judge at {base_url}")
+    return LLMJudge(base_url, model, api_key, max_concurrency=max_concurrency, timeout=timeout,
                     max_retries=max_retries, temperature=temperature, cache=cache)

@@ -8,10 +8,12 @@
   times by the client on connection errors, timeouts, 408/409/429 and 5xx answers, with exponential backoff
   (0.5 s doubling up to 8 s, with jitter; ``Retry-After`` honoured). An item that still fails gets an unknown
   verdict with ``error`` set; the rest of the batch is unaffected;
-* **persistent cache** — with a :class:`~prorag.judges.cache.JudgeCache`, every completed reply is written as
-  soon as it arrives, keyed by the model, the messages and the sampling parameters; a re-run, or a run after a
-  crash, sends only what is missing. Identical requests within one batch are sent once;
-* **strict parsing** — an unparsable reply is an unknown verdict (its raw text is still cached).
+* **persistent cache** — with a :class:`~prorag.judges.cache.JudgeCache`, every reply that parsed is written as
+  soon as it arrives, keyed by the endpoint, the model, the messages and the sampling parameters; a re-run, or a
+  run after a crash, sends only what is missing. Identical requests within one batch are sent once;
+* **strict parsing** — an unparsable reply, and a reply that is no chat completion at all (an HTML page from a
+  wrong ``base_url`` or a proxy, garbage JSON), is an unknown verdict, counted and logged, never cached: no
+  per-item failure raises.
 
 Separate instances may use separate models per task (e.g. one judge for over-search, another for
 under-search). The synchronous methods work inside or outside a running event loop: requests run on a
@@ -19,8 +21,9 @@ private event loop in a daemon thread (the same arrangement as
 :class:`prorag.llm.openai_backend.OpenAICompatibleGenerator`, whose loop helper is private to that class);
 async callers may ``await`` the ``a…`` variants.
 
-The API key comes from ``api_key`` or ``$OPENAI_API_KEY`` (``"EMPTY"`` when neither is set, as local servers
-accept); it is never logged or shown in ``repr``. Reasoning models that only accept their default sampling
+The API key is ``api_key`` only (``None``: a keyless server, ``"EMPTY"`` is sent; no environment variable is read
+here — :func:`prorag.judges.factory.build_judge` reads the one a parameter names); it is never logged or shown in
+``repr``. Reasoning models that only accept their default sampling
 (e.g. ``gpt-5-mini`` rejects ``temperature=0``) take ``temperature=None``, which leaves the field out.
 """
 
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,6 +57,7 @@ from prorag.judges.prompts import (
     step_messages,
 )
 from prorag.llm.async_session import AsyncOpenAISession
+from prorag.llm.openai_backend import KEYLESS
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +112,7 @@ class LLMJudge:
         self.cache = cache
         self.extra_body = dict(extra_body or {})
         self.stats = JudgeStats()
-        self._api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self._api_key = api_key or KEYLESS  # never a variable the caller did not name (issue 11)
         self._session = AsyncOpenAISession(f"prorag-judge-{model}", base_url=self.base_url, api_key=self._api_key,
                                            timeout=self.timeout, max_retries=self.max_retries,
                                            max_concurrency=self.max_concurrency)
@@ -187,15 +190,16 @@ class LLMJudge:
 
     async def _judge(self, task: str, conversations: list[Messages], parse: Parser) -> list[Verdict]:
         params = self._params()
-        keys = [cache_key(self.model, messages, params) for messages in conversations]
+        keys = [cache_key(self.model, messages, params, endpoint=self.base_url) for messages in conversations]
         cached: dict[str, str] = {}
         if self.cache is not None and keys:
             try:
                 cached = await asyncio.to_thread(self.cache.get_many, keys)
             except sqlite3.Error as error:  # judge without the cache rather than fail the batch
                 logger.warning("judge cache %s: cannot read: %s", self.cache.path, error)
+            cached = {key: raw for key, raw in cached.items() if parse(raw) is not None}  # stale rows: ask again
         missing = {key: messages for key, messages in zip(keys, conversations, strict=True) if key not in cached}
-        results = await asyncio.gather(*(self._request(task, key, messages, params)
+        results = await asyncio.gather(*(self._request(task, key, messages, params, parse)
                                          for key, messages in missing.items()))
         fresh = dict(zip(missing, results, strict=True))
         verdicts = []
@@ -214,9 +218,9 @@ class LLMJudge:
                     errors=sum(error is not None for _, error in results))
         return verdicts
 
-    async def _request(self, task: str, key: str, messages: Messages,
-                       params: dict[str, Any]) -> tuple[str, str | None]:
-        """One chat call: ``(raw reply, None)`` or ``("", error)``; a completed reply is cached at once."""
+    async def _request(self, task: str, key: str, messages: Messages, params: dict[str, Any],
+                       parse: Parser) -> tuple[str, str | None]:
+        """One chat call: ``(raw reply, None)`` or ``("", error)``; a reply that parses is cached at once."""
         client, semaphore = self._session.client_and_semaphore()
         options = dict(params)
         extra = {name: options.pop(name) for name in self.extra_body}
@@ -231,12 +235,12 @@ class LLMJudge:
                 return "", f"connection error after {self.max_retries} retries: {error}"
             except openai.APIStatusError as error:
                 return "", f"HTTP {error.status_code}: {_error_message(error)}"
-            except (openai.OpenAIError, ValueError, TypeError) as error:  # malformed answer, client-side error
+            except Exception as error:  # malformed answer, client-side error: an unknown verdict, never a crash
                 return "", f"{type(error).__name__}: {error}"
-        if not response.choices:
-            return "", "the server answered without choices"
-        raw = response.choices[0].message.content or ""
-        if self.cache is not None:
+        raw, error = _reply_text(response)
+        if error is not None:
+            return "", error
+        if self.cache is not None and parse(raw) is not None:
             try:
                 await asyncio.to_thread(self.cache.put, key, raw, task=task, model=self.model)
             except sqlite3.Error as error:  # the verdict stands; only its persistence failed
@@ -253,6 +257,27 @@ class LLMJudge:
         if verdicts:
             logger.info("judge %s (%s): %d items, %d from cache, %d calls, %d failed, %d unparsable", self.model,
                         task, len(verdicts), hits, calls, errors, unparsable)
+        first_error = next((verdict.error for verdict in verdicts if verdict.error is not None), None)
+        if first_error is not None:
+            logger.warning("judge %s at %s (%s): %d of %d verdicts unknown (%d failed, %d unparsable); first: %s",
+                           self.model, self.base_url, task, errors + unparsable, len(verdicts), errors, unparsable,
+                           first_error[:300])
+
+
+def _reply_text(response: object) -> tuple[str, str | None]:
+    """The reply text of a chat completion, or an error when the answer is no chat completion (an HTML page
+    is returned by the client as a plain string; garbage JSON as a completion without choices)."""
+    try:
+        choices = response.choices  # type: ignore[attr-defined]
+        if not choices:
+            return "", "malformed reply: the server answered without choices"
+        content = choices[0].message.content
+    except (AttributeError, IndexError, KeyError, TypeError):
+        shown = response if isinstance(response, str) else type(response).__name__
+        return "", f"malformed reply: not a chat completion: {str(shown)[:200]!r}"
+    if content is not None and not isinstance(content, str):
+        return "", f"malformed reply: message content is {type(content).__name__}, not text"
+    return content or "", None
 
 
 def _error_message(error: openai.APIStatusError) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 from prorag.llm.generation import Generator
@@ -13,22 +12,25 @@ Backend = Literal["transformers", "openai"]
 
 def build_generator(model: str, *, backend: Backend = "transformers", adapter: str | None = None,
                     dtype: str = "float32", batch_size: int = 8, base_url: str | None = None,
-                    api_key_env: str = "OPENAI_API_KEY", mode: Literal["completions", "chat"] = "completions",
+                    api_key_env: str | None = "OPENAI_API_KEY", mode: Literal["completions", "chat"] = "completions",
                     max_concurrency: int = 16, timeout: float = 120.0) -> Generator:
     """A generator for ``model`` (a registry spec), optionally with a PEFT LoRA ``adapter`` merged in.
 
     ``backend="openai"`` talks to an OpenAI-compatible server (vLLM, ``prorag serve``) at ``base_url``; the
-    key, if any, is read from the environment variable named by ``api_key_env``, never from parameters. The
-    tokenizer of ``model`` is loaded locally so token ids can be accounted.
+    key is read from the environment variable named by ``api_key_env`` (never from parameters, never from another
+    variable; unset is an error before any request, ``None`` a keyless server — see
+    :func:`~prorag.llm.openai_backend.api_key_from_env`). The tokenizer of ``model`` is loaded locally so token
+    ids can be accounted.
     """
     if backend == "openai":
-        from prorag.llm.openai_backend import OpenAICompatibleGenerator
+        from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
 
         if not base_url:
             raise ValueError("backend 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
         if adapter:
             raise ValueError("an adapter is applied by the server for backend 'openai' (e.g. vLLM --lora-modules)")
-        return OpenAICompatibleGenerator(base_url, model, os.environ.get(api_key_env), mode=mode,
+        api_key = api_key_from_env(api_key_env, endpoint=f"the policy at {base_url}")
+        return OpenAICompatibleGenerator(base_url, model, api_key, mode=mode,
                                          max_concurrency=max_concurrency, timeout=timeout, tokenizer=model)
     if backend != "transformers":
         raise ValueError(f"unknown generation backend {backend!r} (transformers or openai)")

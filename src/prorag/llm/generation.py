@@ -16,7 +16,7 @@ Contract shared by all backends:
   ``stop=None`` (the EOS id is the last of ``token_ids`` and is not in ``text``). ``finish_reason="length"``
   means ``max_new_tokens`` were generated without a stop.
 - With several stop strings, the first one to be *completed* ends generation; if two complete at the same
-  token, the one that starts first wins (as :func:`prorag.protocol.hiprag.cut_at_boundary`).
+  token, the one that starts first wins (as :func:`prorag.protocol.markup.cut_at_first_stop`).
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ Chat requests carry ``max_completion_tokens`` (OpenAI's current name for ``max_t
 ``prorag serve`` accept it too). Log-probabilities are those the server reports for the sampled tokens
 (vLLM: by default from the raw model logits; ``prorag serve``: at the sampling temperature).
 
-The API key comes from ``api_key`` or ``$OPENAI_API_KEY`` (``"EMPTY"`` when neither is set, as local
-servers accept); it is never logged or shown in ``repr``.
+The API key is ``api_key`` and nothing else: ``None`` sends the placeholder ``"EMPTY"`` (keyless local servers
+accept it), never ``$OPENAI_API_KEY`` or any other variable the caller did not name (see :func:`api_key_from_env`,
+which reads the one variable a parameter names). It is never logged or shown in ``repr``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import openai
 
@@ -58,6 +59,33 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Mode = Literal["completions", "chat"]
+
+KEYLESS: Final = "EMPTY"
+"""What is sent as the key to a keyless server (the ``openai`` client needs some key; vLLM and an unkeyed
+``prorag serve`` ignore it)."""
+
+
+class MissingApiKeyError(ValueError):
+    """The environment variable a parameter names as holding the API key is not set."""
+
+
+def api_key_from_env(api_key_env: str | None, *, endpoint: str) -> str:
+    """The key held by the environment variable named ``api_key_env`` — that variable only.
+
+    ``None`` means a keyless server (:data:`KEYLESS` is sent). A named variable that is unset or empty raises
+    :class:`MissingApiKeyError` before any request, so no other key (e.g. ``$OPENAI_API_KEY``) can leak to
+    ``endpoint``; set the variable to ``EMPTY`` to talk to a keyless local server under a named variable.
+    """
+    if api_key_env is None:
+        return KEYLESS
+    value = os.environ.get(api_key_env, "").strip()
+    if not value:
+        raise MissingApiKeyError(
+            f"api_key_env names the environment variable {api_key_env!r} for {endpoint}, and it is not set: export "
+            f"{api_key_env}=<key> (or {api_key_env}=EMPTY for a keyless local server), or set api_key_env to null "
+            "for a server without a key; no other variable is ever read")
+    return value
+
 
 
 class OpenAICompatibleGenerator:
@@ -90,7 +118,7 @@ class OpenAICompatibleGenerator:
         self.max_retries = max_retries
         self.return_token_ids = return_token_ids
         self.extra_body = dict(extra_body or {})
-        self._api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self._api_key = api_key or KEYLESS  # never a variable the caller did not name (issue 11)
         if isinstance(tokenizer, str):
             from prorag.llm.registry import load_tokenizer
 

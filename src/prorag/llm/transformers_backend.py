@@ -16,6 +16,18 @@
   ``batch_size``; they depend on which rows share a batch.
 - Generation settings come only from :class:`~prorag.llm.generation.SamplingParams`: the model's own
   ``generation_config`` sampling defaults (top-k, repetition penalty, …) are neutralized.
+- KV reuse (``prefix_cache_mb > 0``, the default): the KV states of every sequence the generator ran (prompt +
+  kept completion) are kept in a :class:`~prorag.llm.prefix_cache.PrefixKVCache`; a prompt that extends a
+  cached sequence (the next turn of a multi-turn rollout) prefills only its new suffix. A ragged batch (rows
+  with different cached lengths and different new suffixes) is laid out as ``[pad | cached | pad | suffix]``
+  with a 2-D attention mask that has holes, so positions (``cumsum(mask) - 1``) and attention are exactly
+  those of the left-padded re-prefill; greedy output is token-identical to ``prefix_cache_mb=0`` (tested).
+  Rows of one call that share a prompt (the ``n`` samples of a GRPO group, sibling expansions of a tree
+  node) get that prompt prefilled once before decoding. The cache is dropped when the model's weights change
+  (parameter version counters). Counters: :attr:`TransformersGenerator.stats`. transformers' continuous
+  batching (``generate_batch``, paged attention with block sharing) was not used: it takes no stopping
+  criteria or custom logits processors, which the per-row stop strings and chosen-token log-probabilities need,
+  and it keeps no KV between calls; ``generate`` with a ``DynamicCache`` past does.
 """
 
 from __future__ import annotations
@@ -23,41 +35,58 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    DynamicCache,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from prorag.llm.generation import ChatMessage, Completion, Prompt, SamplingParams, render_chat
+from prorag.llm.prefix_cache import PROCESS_GENERATION_STATS, GenerationStats, LayerKV, PrefixKVCache
 from prorag.llm.registry import load_causal_lm
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _STOP_WINDOW_MARGIN = 8  # extra tokens decoded beyond the longest stop string's length in characters
+# tokenizer -> {last characters of the stop strings: per-token flags} (see TransformersGenerator._stop_filter)
+_STOP_FILTERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
 class _StopStrings(StoppingCriteria):
     """Marks each row finished once the decoded tail of its generated tokens contains a stop string."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], prompt_width: int,
-                 batch: int, skip_ids: set[int]) -> None:
+                 batch: int, skip_ids: set[int], may_complete: torch.Tensor | None = None) -> None:
         self.tokenizer = tokenizer
         self.stops = tuple(stops)
         self.prompt_width = prompt_width
         self.window = max(len(stop) for stop in self.stops) + _STOP_WINDOW_MARGIN
         self.skip_ids = skip_ids
+        self.may_complete = may_complete
         self.done = [False] * batch
         self.stopped_at: dict[int, int] = {}  # row -> number of generated tokens when it stopped
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
         generated = input_ids.shape[1] - self.prompt_width
         start = max(self.prompt_width, input_ids.shape[1] - self.window)
+        if self.may_complete is not None and generated > 0:
+            # only a row whose last token can end a stop string needs its tail decoded
+            candidates = self.may_complete[input_ids[:, -1].clamp(max=len(self.may_complete) - 1).cpu()].tolist()
+        else:
+            candidates = [True] * input_ids.shape[0]
         tails = input_ids[:, start:].tolist()
         for row, tail in enumerate(tails):
-            if self.done[row] or not tail or tail[-1] in self.skip_ids:
-                continue  # finished, or ended by EOS (generate pads it from then on)
+            if self.done[row] or not tail or not candidates[row] or tail[-1] in self.skip_ids:
+                continue  # finished, cannot have completed a stop, or ended by EOS (generate pads it from then on)
             text = self.tokenizer.decode(tail, skip_special_tokens=True)
             if any(stop in text for stop in self.stops):
                 self.done[row] = True
@@ -96,13 +125,17 @@ class TransformersGenerator:
     pair; ``dtype`` and ``device`` apply to specs only. String prompts are tokenized without adding special
     tokens (chat templates already carry them); set ``add_special_tokens=True`` for raw text prompts of
     models that expect a BOS token. Calls are serialized with a lock, so one instance may be shared by
-    threads.
+    threads. ``prefix_cache_mb`` bounds the KV states kept for reuse across calls (0 turns reuse and prefix
+    sharing off: every call re-prefills its prompts); :attr:`stats` counts prefill, reused and decoded tokens.
     """
 
     def __init__(self, model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], *, dtype: str = "float32",
-                 device: str = "cpu", batch_size: int = 8, add_special_tokens: bool = False) -> None:
+                 device: str = "cpu", batch_size: int = 8, add_special_tokens: bool = False,
+                 prefix_cache_mb: float = 2048.0) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not prefix_cache_mb >= 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         if isinstance(model, str):
             self.model, self._tokenizer = load_causal_lm(model, dtype=dtype, device=device)
             self.name = model
@@ -119,6 +152,8 @@ class TransformersGenerator:
         self.pad_token_id: int = int(tokenizer.pad_token_id)
         self.eos_token_ids: set[int] = _eos_ids(self.model, tokenizer)
         self.vocab_size = int(getattr(self.model.config, "vocab_size", len(tokenizer)))
+        self.prefix_cache = PrefixKVCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
+        self.stats = GenerationStats()
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -160,6 +195,11 @@ class TransformersGenerator:
         rows.sort(key=lambda row: -len(encoded[row[0]]))  # stable: ties keep prompt order
         results: list[list[Completion | None]] = [[None] * copies for _ in encoded]
         with self._lock, torch.inference_mode(), _seeded(params.seed, self.model.device):
+            self._count(calls=1)
+            if self.prefix_cache is not None:
+                self.prefix_cache.validate(_weights_fingerprint(self.model))
+                self.prefix_cache.begin_call()
+                self._prefill_shared([encoded[index] for index, _ in rows])
             for start in range(0, len(rows), self.batch_size):
                 chunk = rows[start : start + self.batch_size]
                 outputs = self._generate_batch([encoded[index] for index, _ in chunk], params)
@@ -175,24 +215,114 @@ class TransformersGenerator:
             final.append(done)
         return final
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        width = max(len(ids) for ids in prompts)
+    # ------------------------------------------------------------------------------- KV reuse and batching
+
+    def _prefill_shared(self, prompts: list[list[int]]) -> None:
+        """Prefill once (into the cache) every prompt that several rows of this call share.
+
+        The rows then reuse it and prefill only their last token, instead of each row prefilling the
+        whole prompt (GRPO groups, the ``n`` samples of a prompt, sibling expansions of a tree node).
+        """
+        assert self.prefix_cache is not None
+        counts: dict[tuple[int, ...], int] = {}
+        for ids in prompts:
+            counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+        shared = [list(ids[:-1]) for ids, count in counts.items()
+                  if count > 1 and len(ids) - 1 - self.prefix_cache.lookup(ids)[1] > 1]
+        shared.sort(key=len, reverse=True)
+        for start in range(0, len(shared), self.batch_size):
+            chunk = shared[start : start + self.batch_size]
+            batch = self._layout(chunk)
+            position_ids = (batch.attention.cumsum(-1) - 1).clamp(min=0)[:, batch.cached_width :]
+            past = batch.cache if batch.cache is not None else DynamicCache(config=self.model.config)
+            outputs = self.model(input_ids=batch.input_ids[:, batch.cached_width :].to(self.model.device),
+                                 attention_mask=batch.attention.to(self.model.device),
+                                 position_ids=position_ids.to(self.model.device),
+                                 past_key_values=past,
+                                 use_cache=True, logits_to_keep=1)
+            prefilled = sum(len(ids) - cached for ids, cached in zip(chunk, batch.cached, strict=True))
+            self._count(prefill_tokens=prefilled, shared_prefill_tokens=prefilled)
+            for row, ids in enumerate(chunk):
+                self.prefix_cache.store(ids, _row_kv(outputs.past_key_values, row, batch.columns(row, 0)))
+
+    def _stop_filter(self, stops: tuple[str, ...]) -> torch.Tensor | None:
+        """Per token id: can this token be the one that completes one of ``stops``? (None: no filter)
+
+        A stop string is completed by the token that adds its last character; when every last character is
+        ASCII (a byte that no multi-byte character contains), that token's own decoding contains it. Tokens
+        whose decoding is partial (U+FFFD) are kept as candidates.
+        """
+        finals = {stop[-1] for stop in stops}
+        if any(not final.isascii() for final in finals):
+            return None
+        key = tuple(sorted(finals))
+        filters = _STOP_FILTERS.setdefault(self._tokenizer, {})
+        if key not in filters:
+            texts = self._tokenizer.batch_decode([[token] for token in range(len(self._tokenizer))],
+                                                 skip_special_tokens=False)
+            flags = [any(final in text for final in finals) or "\ufffd" in text for text in texts]
+            flags += [True] * max(0, self.vocab_size - len(flags))  # ids the tokenizer does not know: check them
+            filters[key] = torch.tensor(flags, dtype=torch.bool)
+        return filters[key]
+
+    def _count(self, **counts: int) -> None:
+        self.stats.add(**counts)
+        PROCESS_GENERATION_STATS.add(**counts)
+
+    def _layout(self, prompts: list[list[int]]) -> _Batch:
+        """Lay a ragged batch out as ``[pad | cached prefix | pad | new suffix]`` rows (see the module docstring).
+
+        transformers batches a past only as one rectangular cache (``DynamicCache`` layers of shape
+        ``(batch, heads, length, dim)``) and has no call that merges per-sequence caches of different lengths,
+        so the cached prefixes are left-padded into one here; the padded slots are masked out.
+        """
+        hits = [self.prefix_cache.lookup(ids) if self.prefix_cache is not None else (None, 0) for ids in prompts]
+        cached = [length for _, length in hits]
+        cached_width = max(cached)
+        suffix_width = max(len(ids) - length for ids, length in zip(prompts, cached, strict=True))
+        width = cached_width + suffix_width
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids) :] = 1
+        for row, (ids, length) in enumerate(zip(prompts, cached, strict=True)):
+            suffix = len(ids) - length
+            if length:
+                input_ids[row, cached_width - length : cached_width] = torch.tensor(ids[:length], dtype=torch.long)
+                attention[row, cached_width - length : cached_width] = 1
+            input_ids[row, width - suffix :] = torch.tensor(ids[length:], dtype=torch.long)
+            attention[row, width - suffix :] = 1
+        cache = None
+        if cached_width:
+            layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+            template = next(entry for entry, _ in hits if entry is not None).layers
+            for layer, (keys, values) in enumerate(template):
+                shape = (len(prompts), keys.shape[0], cached_width, keys.shape[2])
+                batch_keys = keys.new_zeros(shape)
+                batch_values = values.new_zeros((len(prompts), values.shape[0], cached_width, values.shape[2]))
+                for row, (entry, length) in enumerate(hits):
+                    if entry is not None and length:
+                        batch_keys[row, :, cached_width - length :] = entry.layers[layer][0][:, :length]
+                        batch_values[row, :, cached_width - length :] = entry.layers[layer][1][:, :length]
+                layers.append((batch_keys.to(self.model.device), batch_values.to(self.model.device)))
+            cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        return _Batch(input_ids, attention, cache, cached, cached_width, [len(ids) for ids in prompts])
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        batch = self._layout(prompts)
+        width = batch.input_ids.shape[1]
         device = self.model.device
         stopper = (_StopStrings(self._tokenizer, params.stop, width, len(prompts),
-                                self.eos_token_ids | {self.pad_token_id}) if params.stop else None)
+                                self.eos_token_ids | {self.pad_token_id}, self._stop_filter(params.stop))
+                   if params.stop else None)
         recorder = _ChosenLogprobs(params.temperature) if params.logprobs else None
-        sequences = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
+        output = self.model.generate(
+            input_ids=batch.input_ids.to(device),
+            attention_mask=batch.attention.to(device),
+            past_key_values=batch.cache,
             generation_config=self._generation_config(params),
             logits_processor=LogitsProcessorList([recorder] if recorder else []),
             stopping_criteria=StoppingCriteriaList([stopper] if stopper else []),
         )
+        sequences = output.sequences
         generated = sequences[:, width:].cpu()
         logprobs = recorder.finish(sequences, generated.shape[1]) if recorder else None
         completions = []
@@ -200,6 +330,17 @@ class TransformersGenerator:
             limit = stopper.stopped_at.get(row) if stopper else None
             completions.append(self._finish_row(generated[row].tolist(), None if logprobs is None
                                                 else logprobs[row].tolist(), len(ids), params, limit))
+        self._count(prompts=len(prompts), prompt_tokens=sum(batch.lengths), cached_tokens=sum(batch.cached),
+                    cache_hits=sum(length > 0 for length in batch.cached),
+                    prefill_tokens=sum(batch.lengths) - sum(batch.cached),
+                    decode_tokens=sum(len(completion.token_ids) for completion in completions))
+        if self.prefix_cache is not None and output.past_key_values is not None:
+            cache_length = output.past_key_values.get_seq_length()
+            for row, (ids, completion) in enumerate(zip(prompts, completions, strict=True)):
+                # the last token of a sequence is never fed back, so its KV exists only if decoding went on
+                kept = min(len(completion.token_ids), cache_length - width)
+                self.prefix_cache.store([*ids, *completion.token_ids[:kept]],
+                                        _row_kv(output.past_key_values, row, batch.columns(row, kept)))
         return completions
 
     def _finish_row(self, tokens: list[int], logprobs: list[float] | None, prompt_tokens: int,
@@ -253,13 +394,47 @@ class TransformersGenerator:
             "num_return_sequences": 1,
             "eos_token_id": sorted(self.eos_token_ids),
             "pad_token_id": self.pad_token_id,
-            "return_dict_in_generate": False,
+            "return_dict_in_generate": True,
         }
         if sample:  # warpers exist only when sampling; set them all so model defaults cannot leak in
             options.update(temperature=params.temperature, top_p=params.top_p, top_k=0, typical_p=1.0)
             if getattr(self.model.generation_config, "min_p", None) is not None:
                 options["min_p"] = 0.0
         return GenerationConfig(**options)
+
+
+@dataclasses.dataclass
+class _Batch:
+    """A laid-out ragged batch: ids and mask of width ``cached_width + suffix width``, the padded past."""
+
+    input_ids: torch.Tensor
+    attention: torch.Tensor
+    cache: DynamicCache | None
+    cached: list[int]
+    cached_width: int
+    lengths: list[int]
+
+    def columns(self, row: int, generated: int) -> torch.Tensor:
+        """Cache columns of a row's real tokens: cached prefix, new suffix, then ``generated`` decoded tokens."""
+        width = self.input_ids.shape[1]
+        suffix = self.lengths[row] - self.cached[row]
+        return torch.cat([torch.arange(self.cached_width - self.cached[row], self.cached_width),
+                          torch.arange(width - suffix, width + generated)])
+
+
+def _row_kv(cache: DynamicCache, row: int, columns: torch.Tensor) -> list[LayerKV]:
+    """One row's KV states at ``columns`` of every layer (contiguous copies, on the cache's device)."""
+    result: list[LayerKV] = []
+    for layer in cache.layers:
+        index = columns.to(layer.keys.device)
+        result.append((layer.keys[row].index_select(1, index).contiguous(),
+                       layer.values[row].index_select(1, index).contiguous()))
+    return result
+
+
+def _weights_fingerprint(model: PreTrainedModel) -> int:
+    """Changes whenever a parameter is modified in place (optimizer step, loaded weights) or replaced."""
+    return hash(tuple((parameter.data_ptr(), parameter._version) for parameter in model.parameters()))
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:

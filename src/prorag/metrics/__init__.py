@@ -1,6 +1,13 @@
 """Evaluation metrics: answer matching (CEM, EM, F1) and search behaviour (OSR, USR, search ratio, LasJ)."""
 
-from prorag.metrics.qa import cover_exact_match, exact_match, f1_score, normalize_answer
+from prorag.metrics.qa import (
+    answer_intervals,
+    bootstrap_interval,
+    cover_exact_match,
+    exact_match,
+    f1_score,
+    normalize_answer,
+)
 from prorag.metrics.search import (
     SearchBehaviour,
     judge_agreement,
@@ -15,6 +22,8 @@ from prorag.metrics.search import (
 
 __all__ = [
     "SearchBehaviour",
+    "answer_intervals",
+    "bootstrap_interval",
     "cover_exact_match",
     "exact_match",
     "f1_score",

@@ -6,10 +6,14 @@ golden answers, a float in [0, 1].
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from scipy.stats import bootstrap
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", flags=re.UNICODE)
 _PUNCTUATION = frozenset(string.punctuation)
@@ -66,6 +70,41 @@ def f1_score(prediction: str | None, golden_answers: Iterable[str]) -> float:
         recall = overlap / len(normalized.split())
         best = max(best, 2 * precision * recall / (precision + recall))
     return best
+
+
+def bootstrap_interval(scores: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-question ``scores`` (seeded: same input, same interval).
+
+    The percentile method (not BCa) because answer scores are mostly 0/1 on a few dozen questions, where BCa's
+    jackknife degenerates. Fewer than two scores have no interval: ``(nan, nan)``.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    values = np.asarray(scores, dtype=float)
+    if values.size < 2:
+        return math.nan, math.nan
+    if np.all(values == values[0]):  # every resample has the same mean
+        return float(values[0]), float(values[0])
+    result = bootstrap((values,), np.mean, confidence_level=confidence, n_resamples=resamples,
+                       method="percentile", rng=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+ANSWER_METRICS = {"cem": cover_exact_match, "em": exact_match, "f1": f1_score}
+
+
+def answer_intervals(predictions: Sequence[str | None], golden_answers: Sequence[Iterable[str]], *,
+                     confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+    """``{cem_low, cem_high, em_low, em_high, f1_low, f1_high}``: bootstrap intervals over the questions."""
+    if len(predictions) != len(golden_answers):
+        raise ValueError(f"{len(predictions)} predictions for {len(golden_answers)} golden answer lists")
+    intervals: dict[str, float] = {}
+    for name, metric in ANSWER_METRICS.items():
+        scores = [metric(prediction, gold) for prediction, gold in zip(predictions, golden_answers, strict=True)]
+        low, high = bootstrap_interval(scores, confidence=confidence, resamples=resamples, seed=seed)
+        intervals[f"{name}_low"], intervals[f"{name}_high"] = low, high
+    return intervals
 
 
 def _as_list(golden_answers: Iterable[str]) -> list[str]:

@@ -49,9 +49,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, NoReturn
 
-from prorag.protocol.base import Boundary, StepDict
+from prorag.protocol.base import Boundary, StepDict, split_inserted
+from prorag.protocol.base import format_documents as format_documents  # re-exported
 from prorag.protocol.escaping import escape_retrieved, unescape_retrieved
-from prorag.protocol.markup import cut_at_first_stop, last_between
+from prorag.protocol.markup import last_between
 
 THINK_OPEN: Final = "<think>"
 THINK_CLOSE: Final = "</think>"
@@ -174,26 +175,9 @@ def initial_prefix() -> str:
     return f"{THINK_OPEN}\n{STEP_OPEN}\n{REASONING_OPEN}"
 
 
-def cut_at_boundary(generated: str) -> tuple[str, str | None]:
-    """Cut ``generated`` after its first stop string (Algorithm 1 line 3).
-
-    Returns the kept text (boundary included) and the boundary, or ``(generated, None)`` if none occurs
-    (the generation hit its token limit).
-    """
-    return cut_at_first_stop(generated, STOP_STRINGS)
-
-
 def last_query(transcript: str) -> str | None:
     """``LASTBETWEEN(y, <search>, </search>)`` of Algorithm 1 line 8, stripped; None if there is none."""
     return last_between(transcript, SEARCH_OPEN, SEARCH_CLOSE)
-
-
-def format_documents(documents: Sequence[tuple[str, str]]) -> str:
-    """Number ``(title, text)`` pairs like Search-R1 (``Doc 1(Title: …) …``), one per line, each escaped."""
-    return "\n".join(
-        escape_retrieved(f"Doc {index}(Title: {title}) {text}")
-        for index, (title, text) in enumerate(documents, start=1)
-    )
 
 
 def after_search(docs_text: str) -> str:
@@ -232,11 +216,6 @@ def needs_close_think(transcript: str) -> bool:
 def forced_answer_prefix() -> str:
     """What precedes the forced final generation (Algorithm 1 line 22), which stops at ``</answer>``."""
     return f"\n{ANSWER_OPEN}"
-
-
-def needs_forced_answer(transcript: str) -> bool:
-    """True if the completion does not yet contain ``</answer>`` (Algorithm 1 line 21)."""
-    return ANSWER_CLOSE not in transcript
 
 
 # --------------------------------------------------------------------------------------- prompt
@@ -586,3 +565,18 @@ class HiPRAGAdapter:
 
     def extract_answer(self, completion: str) -> str | None:
         return extract_answer(completion)
+
+    def label_pieces(self, completion: str) -> list[tuple[str, bool]]:
+        """Engine-inserted: the initial prefix, each ``\\n<context>…</context>\\n<conclusion>`` and each
+        ``\\n</step>`` after a conclusion (the ``open_next_step=False`` layout that SFT trains)."""
+        if self.open_next_step:
+            raise ValueError("the SFT label mask is defined for open_next_step=False (the model opens each step)")
+        return split_inserted(completion, self, (CONCLUSION_CLOSE, after_conclusion(1, 1, open_next_step=False)))
+
+    def render(self, steps: Sequence[StepDict], answer: str) -> str:
+        """A gold trajectory (Figure 4's layout) from steps (``context`` unescaped) and the answer."""
+        return render(Trajectory(steps=tuple(
+            SearchStep(reasoning=step["reasoning"] or "", query=step["query"] or "", context=step["context"] or "",
+                       conclusion=step["conclusion"] or "") if step["kind"] == "search" else
+            NonSearchStep(reasoning=step["reasoning"] or "", conclusion=step["conclusion"] or "")
+            for step in steps), answer=answer))

@@ -25,9 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import Final, NoReturn
 
-from prorag.protocol.base import Boundary, StepDict
+from prorag.protocol.base import Boundary, StepDict, format_documents, split_inserted
 from prorag.protocol.escaping import unescape_retrieved
-from prorag.protocol.hiprag import format_documents
 from prorag.protocol.markup import last_between
 
 __all__ = [
@@ -273,3 +272,7 @@ class MultistageAdapter:
 
     def extract_answer(self, completion: str) -> str | None:
         return extract_answer(completion)
+
+    def label_pieces(self, completion: str) -> list[tuple[str, bool]]:
+        """Engine-inserted: each ``<information>…</information>`` block with its surrounding newlines."""
+        return split_inserted(completion, self)

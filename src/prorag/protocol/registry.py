@@ -21,6 +21,8 @@ _BUILTIN: Final[dict[str, str]] = {
     "hiprag": "prorag.protocol.hiprag:HiPRAGAdapter",
     "search_r1": "prorag.protocol.search_r1:SearchR1Adapter",
     "multistage": "prorag.protocol.multistage:MultistageAdapter",
+    "reasonrag": "prorag.protocol.reasonrag:ReasonRAGAdapter",
+    "tearag": "prorag.protocol.tearag:TeaRAGAdapter",
 }
 
 _registered: dict[str, AdapterFactory] = {}
@@ -73,3 +75,13 @@ def get_protocol(protocol: str | ProtocolAdapter, **options: Any) -> ProtocolAda
     if unknown:
         raise ValueError(f"protocol {protocol!r} takes no option(s) {unknown} (it takes {sorted(accepted)})")
     return factory(**options)
+
+
+def build_adapter(protocol: str | ProtocolAdapter, **options: Any) -> ProtocolAdapter:
+    """Like :func:`get_protocol`, but each option goes only to a protocol that takes it (``few_shot``,
+    ``open_next_step`` ...), so one agent spec serves every protocol; an adapter instance passes through."""
+    if not isinstance(protocol, str):
+        return protocol
+    accepted = inspect.signature(adapter_factory(protocol)).parameters
+    takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in accepted.values())
+    return get_protocol(protocol, **{key: value for key, value in options.items() if takes_any or key in accepted})

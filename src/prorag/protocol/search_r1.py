@@ -13,8 +13,8 @@ the final ``<answer>…</answer>``::
     <answer>…</answer>
 
 Sibling of :mod:`prorag.protocol.hiprag` with the same helper names where they make sense (``render_prompt``,
-``initial_prefix``, ``STOP_STRINGS``, ``cut_at_boundary``, ``last_query``, ``format_documents``,
-``after_search``, ``forced_answer_prefix``, ``needs_forced_answer``, ``check_format``, ``parse``,
+``initial_prefix``, ``STOP_STRINGS``, ``last_query``, ``format_documents``,
+``after_search``, ``forced_answer_prefix``, ``check_format``, ``parse``,
 ``extract_answer``).
 
 Choices, following the Search-R1 code base where the paper is silent:
@@ -41,10 +41,9 @@ import re
 from dataclasses import dataclass
 from typing import Final, NoReturn
 
-from prorag.protocol.base import Boundary, StepDict
+from prorag.protocol.base import Boundary, StepDict, format_documents, split_inserted
 from prorag.protocol.escaping import unescape_retrieved
-from prorag.protocol.hiprag import format_documents
-from prorag.protocol.markup import cut_at_first_stop, last_between
+from prorag.protocol.markup import last_between
 
 __all__ = [
     "ANSWER_CLOSE",
@@ -64,14 +63,12 @@ __all__ = [
     "after_search",
     "check_format",
     "count_searches",
-    "cut_at_boundary",
     "extract_answer",
     "forced_answer_prefix",
     "format_documents",
     "initial_prefix",
     "is_valid_format",
     "last_query",
-    "needs_forced_answer",
     "normalize_question",
     "parse",
     "render_prompt",
@@ -185,11 +182,6 @@ def initial_prefix() -> str:
     return ""
 
 
-def cut_at_boundary(generated: str) -> tuple[str, str | None]:
-    """Cut ``generated`` after its first stop string; ``(generated, None)`` if there is none."""
-    return cut_at_first_stop(generated, STOP_STRINGS)
-
-
 def last_query(transcript: str) -> str | None:
     """The stripped text of the last ``<search>…</search>``; None if there is none."""
     return last_between(transcript, SEARCH_OPEN, SEARCH_CLOSE)
@@ -209,11 +201,6 @@ def forced_answer_prefix() -> str:
     """What the engine writes instead of executing a search beyond the budget; generation then stops at
     ``</answer>``."""
     return f"\n\n{ANSWER_OPEN}"
-
-
-def needs_forced_answer(transcript: str) -> bool:
-    """True if the completion does not yet contain ``</answer>``."""
-    return ANSWER_CLOSE not in transcript
 
 
 # ------------------------------------------------------------------------------------ format check
@@ -349,3 +336,7 @@ class SearchR1Adapter:
 
     def extract_answer(self, completion: str) -> str | None:
         return extract_answer(completion)
+
+    def label_pieces(self, completion: str) -> list[tuple[str, bool]]:
+        """Engine-inserted: each ``<information>…</information>`` block with its surrounding newlines."""
+        return split_inserted(completion, self)

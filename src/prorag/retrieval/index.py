@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import faiss
 
@@ -32,6 +32,10 @@ from prorag.retrieval.embedder import BUNDLED_MINILM, Embedder, load_embedder
 from prorag.retrieval.hybrid import HybridRetriever
 from prorag.retrieval.store import PassageStore
 
+if TYPE_CHECKING:
+    from prorag.kg.graph import KnowledgeGraph
+    from prorag.retrieval.kag import KagSettings
+
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -39,8 +43,10 @@ FAISS_FILE = "faiss.index"
 PASSAGES_FILE = "passages.jsonl"
 BM25_DIR = "bm25"
 META_FILE = "index_meta.json"
-RetrieverKind = Literal["dense", "bm25", "hybrid"]
-RETRIEVER_KINDS: tuple[str, ...] = ("dense", "bm25", "hybrid")
+RetrieverKind = Literal["dense", "bm25", "hybrid", "kag", "kag_concat"]
+RETRIEVER_KINDS: tuple[str, ...] = ("dense", "bm25", "hybrid", "kag", "kag_concat")
+KG_RETRIEVER_KINDS: tuple[str, ...] = ("kag", "kag_concat")
+"""Kinds that also need a knowledge graph attached (:meth:`RetrievalIndex.attach_knowledge_graph`)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,19 @@ class RetrievalIndex:
         self._threads = threads
         self._dense: DenseRetriever | None = None
         self._lock = threading.Lock()
+        self.knowledge_graph: KnowledgeGraph | None = None
+        self.kag_settings: KagSettings | None = None
+
+    def attach_knowledge_graph(self, graph: KnowledgeGraph, settings: KagSettings | None = None) -> RetrievalIndex:
+        """Make ``kag`` / ``kag_concat`` available: the KG extracted from this index's passages (and the KAG
+        hyperparameters, the paper's by default). Returns ``self``."""
+        if graph.meta.embedder_spec != self.meta.embedder_spec or graph.meta.dim != self.meta.dim:
+            raise RetrievalError(f"the knowledge graph was embedded with {graph.meta.embedder_spec!r} "
+                                 f"({graph.meta.dim}-d), the index with {self.meta.embedder_spec!r} "
+                                 f"({self.meta.dim}-d)")
+        self.knowledge_graph = graph
+        self.kag_settings = settings
+        return self
 
     def __len__(self) -> int:
         return len(self.store)
@@ -179,9 +198,19 @@ class RetrievalIndex:
         return HybridRetriever([self.dense, self.bm25])
 
     def retriever(self, kind: RetrieverKind | str = "dense") -> Retriever:
-        """The retriever named ``dense``, ``bm25`` or ``hybrid``."""
+        """The retriever named ``dense``, ``bm25``, ``hybrid``, or (with a knowledge graph attached) ``kag`` /
+        ``kag_concat`` (TeaRAG's KAG + PPR, and TeaRAG-Con; :mod:`prorag.retrieval.kag`)."""
         if kind not in RETRIEVER_KINDS:
             raise ValueError(f"retriever kind must be one of {', '.join(RETRIEVER_KINDS)}; got {kind!r}")
+        if kind in KG_RETRIEVER_KINDS:
+            from prorag.retrieval.kag import KagConcatRetriever, KagRetriever
+
+            if self.knowledge_graph is None:
+                raise RetrievalError(f"retriever {kind!r} needs a knowledge graph: run the kg_extraction pipeline "
+                                     "and a pipeline that attaches it (e.g. rollout_kag), or call "
+                                     "RetrievalIndex.attach_knowledge_graph")
+            builder = KagRetriever if kind == "kag" else KagConcatRetriever
+            return builder(self.dense, self.knowledge_graph, self.kag_settings)
         return getattr(self, kind)
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:

@@ -7,7 +7,10 @@
 
 Requests arriving within ``batch_window_ms`` of each other are gathered into one ``retriever.search`` call
 (one call per distinct ``topk``), run on a single worker thread. Bad requests get 4xx answers
-``{"detail": "<message>"}``: 400 malformed JSON, 413 body or query list too large, 422 wrong fields.
+``{"detail": "<message>"}`` and keep their keep-alive connection: 400 malformed JSON, JSON nested too deeply or a
+lone surrogate in a string, 413 body or query list too large, 415 a body that is not ``application/json``, 422
+wrong fields. Only loopback ``Host`` names are answered unless the server is bound to another interface
+(:mod:`prorag.serving.guard`).
 
 Run: ``python -m prorag.retrieval.server --index-dir data/06_models/retrieval_index --port 8000``.
 """
@@ -17,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -33,6 +35,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from prorag.retrieval.base import Hit, Retriever
 from prorag.serving.batching import MicroBatcher
+from prorag.serving.guard import (
+    LOOPBACK_HOSTS,
+    BadRequestBody,
+    allowed_hosts_for,
+    check_content_type,
+    parse_json_body,
+    restrict_hosts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -171,8 +181,10 @@ def create_app(
     batch_window_ms: float = 5.0,
     max_batch_queries: int = 512,
     info: dict[str, Any] | None = None,
+    allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS,
 ) -> FastAPI:
-    """The FastAPI app serving ``retriever`` (see the module docstring for the contract and limits)."""
+    """The FastAPI app serving ``retriever`` (see the module docstring for the contract and limits);
+    ``allowed_hosts`` are the ``Host`` names answered (``None``: any, for a server bound to another interface)."""
     if not 1 <= default_topk <= max_topk:
         raise ValueError(f"need 1 <= default_topk <= max_topk, got {default_topk} and {max_topk}")
     if max_queries < 1:
@@ -187,10 +199,15 @@ def create_app(
         await batcher.aclose()
 
     app = FastAPI(title="prorag retrieval server", lifespan=lifespan)
+    restrict_hosts(app, None if allowed_hosts is None else tuple(allowed_hosts))
     app.state.batcher = batcher
     app.state.retriever = retriever
 
     async def read_body(request: Request) -> bytes:
+        try:
+            check_content_type(request.headers.get("content-type"))
+        except BadRequestBody as error:
+            raise RequestError(error.status, error.message) from None
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
             raise RequestError(413, f"request body of {declared} bytes exceeds the limit of {max_body_bytes} bytes")
@@ -205,9 +222,9 @@ def create_app(
 
     def parse(body: bytes) -> RetrieveRequest:
         try:
-            raw = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise RequestError(400, f"malformed JSON body: {error}") from None
+            raw = parse_json_body(body)
+        except BadRequestBody as error:
+            raise RequestError(error.status, error.message) from None
         if not isinstance(raw, dict):
             raise RequestError(422, f"body must be a JSON object, got {type(raw).__name__}")
         try:
@@ -322,6 +339,7 @@ def start_background_server(
     **app_options: Any,
 ) -> BackgroundServer:
     """Serve ``retriever`` on a background thread; returns the started server (``.url``, ``.stop()``)."""
+    app_options.setdefault("allowed_hosts", allowed_hosts_for(host))
     return BackgroundServer(create_app(retriever, **app_options), host, port, log_level=log_level).start()
 
 
@@ -336,6 +354,7 @@ def serve(
     """Serve ``retriever`` in the foreground (blocks); loopback only unless ``host`` says otherwise."""
     if host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("retrieval server binding %s: reachable from other machines, with no authentication", host)
+    app_options.setdefault("allowed_hosts", allowed_hosts_for(host))
     uvicorn.run(create_app(retriever, **app_options), host=host, port=port, log_level=log_level)
 
 
@@ -360,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--use-gpu", action="store_true", help="search the FAISS index on all GPUs")
     parser.add_argument("--device", default=None, help="embedder device, e.g. cpu or cuda")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--knowledge-graph", default=None,
+                        help="knowledge-graph directory (kg_extraction) for --retriever kag / kag_concat")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     index = load_index_dir(
@@ -370,6 +391,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         device=args.device,
         threads=args.threads,
     )
+    if args.knowledge_graph:
+        from prorag.kg.graph import load_knowledge_graph
+
+        index.attach_knowledge_graph(load_knowledge_graph(args.knowledge_graph))
     retriever = index.retriever(args.retriever)
     serve(
         retriever,

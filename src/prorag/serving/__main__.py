@@ -48,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from prorag.llm.transformers_backend import TransformersGenerator
     from prorag.serving.app import create_app
+    from prorag.serving.guard import allowed_hosts_for
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -63,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     generator = TransformersGenerator(args.model, dtype=args.dtype, device=args.device, batch_size=args.batch_size)
     app = create_app(generator, args.served_model_name or args.model, args.max_batch_size, args.batch_wait_ms,
                      api_key=api_key, max_tokens_limit=args.max_tokens_limit,
-                     default_max_tokens=args.default_max_tokens, max_n=args.max_n)
+                     default_max_tokens=args.default_max_tokens, max_n=args.max_n,
+                     allowed_hosts=allowed_hosts_for(args.host))
     logger.info("serving %s on http://%s:%d/v1%s", args.served_model_name or args.model, args.host, args.port,
                 " (API key required)" if api_key else "")
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -20,9 +20,12 @@ A seeded sampling request runs on its own, so its samples do not depend on other
 ``app.state.stats`` (:class:`ServerStats`).
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests
-(malformed JSON, unknown model, empty prompt or messages, out-of-range ``n``/``max_tokens``/…), 401 for a
-missing or wrong key when ``api_key`` is set (``Authorization: Bearer <key>``), 404 for unknown routes,
-413 for oversized bodies, 500 when generation fails.
+(malformed JSON, JSON nested too deeply, a lone surrogate in a string, unknown model, empty prompt or messages,
+out-of-range ``n``/``max_tokens``/…), 401 for a missing or wrong key when ``api_key`` is set
+(``Authorization: Bearer <key>``), 404 for unknown routes, 413 for oversized bodies, 415 for a body that is not
+``application/json``, 500 only when generation fails; a bad request never drops the keep-alive connection
+(:mod:`prorag.serving.guard`). By default only loopback ``Host`` names are answered (400 otherwise): pass
+``allowed_hosts=None`` when the server is deliberately bound to another interface.
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from prorag.llm.generation import Completion, Generator, SamplingParams
+from prorag.llm.prefix_cache import GenerationStats
 from prorag.serving.batching import MicroBatcher
+from prorag.serving.guard import LOOPBACK_HOSTS, BadRequestBody, check_content_type, parse_json_body, restrict_hosts
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +97,13 @@ class ServerStats:
     rejected: int = 0  # 4xx answers
     errors: int = 0  # failed generate calls
     started_at: float = field(default_factory=time.time)
+    generation: GenerationStats | None = None  # the in-process generator's prefill / KV-reuse / decode counters
 
     def snapshot(self) -> dict[str, Any]:
-        """A JSON-ready copy of the counters."""
+        """A JSON-ready copy of the counters (``prefix_cache``: tokens reused from the KV cache and the hit rate)."""
         sizes = list(self.batch_sizes)
-        return {
+        cache = {} if self.generation is None else {"prefix_cache": self.generation.snapshot()}
+        return {**cache,
             "requests": self.requests, "prompts": self.prompts, "generate_calls": self.generate_calls,
             "largest_batch": self.largest_batch, "mean_batch": sum(sizes) / len(sizes) if sizes else 0.0,
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -264,13 +271,14 @@ def _message_text(message: Any, position: int) -> dict[str, str]:
 def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, batch_wait_ms: float = 5, *,
                api_key: str | None = None, max_tokens_limit: int = 4096, default_max_tokens: int | None = None,
                max_n: int = 16, max_prompts: int = 64, context_window: int | None = None,
-               max_body_bytes: int = 8 << 20) -> FastAPI:
+               max_body_bytes: int = 8 << 20, allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS) -> FastAPI:
     """The FastAPI app serving ``generator`` as ``model_name`` (see the module docstring for the contract).
 
     ``context_window`` bounds prompt + ``max_tokens`` (default: the model's ``max_position_embeddings`` when
     the generator exposes its model). ``default_max_tokens`` applies to requests without ``max_tokens``
     (default: 256, capped at ``max_tokens_limit``). ``api_key``, when given, is required as a bearer token
-    on ``/v1``.
+    on ``/v1``. ``allowed_hosts`` are the ``Host`` names answered (default: loopback names only; ``None``: any,
+    for a server bound to another interface — see :func:`prorag.serving.guard.allowed_hosts_for`).
     """
     tokenizer = generator.tokenizer
     if tokenizer is None:
@@ -287,7 +295,7 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
     vocab_size = int(getattr(generator, "vocab_size", len(tokenizer)))
     encode: Callable[[str], list[int]] = getattr(generator, "encode", None) or (
         lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"]))
-    stats = ServerStats()
+    stats = ServerStats(generation=getattr(generator, "stats", None))
     batcher = GenerationBatcher(generator, stats, max_batch_size=max_batch_size, batch_wait_s=batch_wait_ms / 1000.0)
     created = int(time.time())
 
@@ -298,6 +306,7 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
 
     app = FastAPI(title="prorag OpenAI-compatible server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
+    restrict_hosts(app, None if allowed_hosts is None else tuple(allowed_hosts))
     app.state.stats = stats
     app.state.batcher = batcher
     app.state.generator = generator
@@ -315,6 +324,10 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
                            code="invalid_api_key")
 
     async def read_json(request: Request) -> dict[str, Any]:
+        try:
+            check_content_type(request.headers.get("content-type"))
+        except BadRequestBody as error:
+            raise ApiError(error.status, error.message, code="unsupported_media_type") from None
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
             raise ApiError(413, f"request body exceeds {max_body_bytes} bytes", code="request_too_large")
@@ -322,9 +335,9 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
         if len(raw) > max_body_bytes:
             raise ApiError(413, f"request body exceeds {max_body_bytes} bytes", code="request_too_large")
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ApiError(400, f"malformed JSON body: {error}", code="invalid_json") from None
+            body = parse_json_body(raw)
+        except BadRequestBody as error:
+            raise ApiError(error.status, error.message, code="invalid_json") from None
         if not isinstance(body, dict):
             raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}", code="invalid_json")
         model = body.get("model")

@@ -5,8 +5,11 @@ from prorag.tracking.mlflow_utils import (
     default_tracking_uri,
     flatten,
     git_sha,
+    is_secret_key,
     metric_series,
     redact,
+    redact_text,
+    redact_value,
     sanitize_metric_key,
 )
 
@@ -15,7 +18,10 @@ __all__ = [
     "default_tracking_uri",
     "flatten",
     "git_sha",
+    "is_secret_key",
     "metric_series",
     "redact",
+    "redact_text",
+    "redact_value",
     "sanitize_metric_key",
 ]

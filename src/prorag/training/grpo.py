@@ -39,10 +39,13 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.import_utils import is_vllm_available
 from trl.models.utils import unwrap_model_for_generation
 
-from prorag.agent.engine import RolloutEngine, get_adapter
+from prorag.agent.runner import build_engine
 from prorag.llm.generation import Generator
-from prorag.llm.openai_backend import OpenAICompatibleGenerator
+from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
 from prorag.llm.transformers_backend import TransformersGenerator
+from prorag.specs import AgentSpec, SamplingSpec
+from prorag.training.config import GRPOSettings
+from prorag.training.trl_private import GRPOTrainerHooks
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
@@ -65,13 +68,24 @@ class PolicyServer:
     """A vLLM server (``trl vllm-serve``) serving the policy being trained.
 
     ``base_url`` is the server root (``http://host:8000``): TRL syncs weights through it and the rollouts use
-    its OpenAI-compatible ``/v1`` API; ``model`` is the name the server serves the policy under.
+    its OpenAI-compatible ``/v1`` API; ``model`` is the name the server serves the policy under. The rollouts
+    send the key held by the environment variable named ``api_key_env`` (``None``: a keyless server, as
+    ``trl vllm-serve`` is); a named variable that is unset fails here, before any request, and no other
+    variable (``$OPENAI_API_KEY``) is ever sent.
     """
 
     base_url: str
     model: str
     timeout: float = 300.0
     max_retries: int = 2
+    api_key_env: str | None = None
+
+    def __post_init__(self) -> None:
+        self.api_key()  # an unset named variable is an error now, not at the first rollout
+
+    def api_key(self) -> str:
+        """The key to send (see the class docstring)."""
+        return api_key_from_env(self.api_key_env, endpoint=f"the policy server at {self.root}")
 
     @property
     def root(self) -> str:
@@ -90,10 +104,8 @@ class AgentRolloutFunction:
     process samples differently and a resumed run samples as the uninterrupted one would.
     """
 
-    def __init__(self, questions: Sequence[Question], retriever: Retriever, scorer: RolloutScorer, *,
-                 protocol: str = "hiprag", few_shot: bool = False, step_budget: int = 3, top_k: int = 3,
-                 max_new_tokens_per_turn: int = 96, max_total_new_tokens: int = 288, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
+    def __init__(self, questions: Sequence[Question], retriever: Retriever, scorer: RolloutScorer, agent: AgentSpec,
+                 *, top_k: int = 3, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
                  policy_server: PolicyServer | None = None) -> None:
         self._questions: dict[str, Question] = {}
         for question in questions:
@@ -103,10 +115,9 @@ class AgentRolloutFunction:
                                  "answers; deduplicate the training set (grpo_dataset does)")
         self.retriever = retriever
         self.scorer = scorer
-        self.adapter = get_adapter(protocol, few_shot=few_shot)
-        self.engine_settings: dict[str, Any] = {
-            "step_budget": step_budget, "top_k": top_k, "max_new_tokens_per_turn": max_new_tokens_per_turn,
-            "max_total_new_tokens": max_total_new_tokens, "temperature": temperature, "top_p": top_p}
+        self.agent = agent
+        self.top_k = top_k
+        self.sampling = SamplingSpec(temperature=temperature, top_p=top_p, seed=seed)
         self.seed = seed
         self.batch_size = batch_size
         self.policy_server = policy_server
@@ -121,8 +132,8 @@ class AgentRolloutFunction:
         step = int(trainer.state.global_step)
         seed = self.seed + 1_000_003 * step + 7_919 * trainer.accelerator.process_index
         with self._policy(trainer) as generator:
-            engine = RolloutEngine(generator, self.retriever, self.adapter, seed=seed, logprobs=True,
-                                   progress=False, **self.engine_settings)
+            engine = build_engine(self.agent, generator, self.retriever, top_k=self.top_k, logprobs=True,
+                                  sampling=self.sampling.model_copy(update={"seed": seed}), progress=False)
             rollouts = engine.run(questions)
             scored = self.scorer.score(rollouts, generator, step=step)
         if isinstance(trainer, AgentGRPOTrainer):
@@ -145,7 +156,7 @@ class AgentRolloutFunction:
                 yield generator
             return
         server = self.policy_server
-        with OpenAICompatibleGenerator(server.openai_url, server.model, mode="completions",
+        with OpenAICompatibleGenerator(server.openai_url, server.model, server.api_key(), mode="completions",
                                        max_concurrency=self.batch_size, timeout=server.timeout,
                                        max_retries=server.max_retries, tokenizer=trainer.processing_class,
                                        return_token_ids=True) as generator:
@@ -199,7 +210,7 @@ class ComponentReward:
         return [float(value) for value in kwargs[field]]
 
 
-class AgentGRPOTrainer(GRPOTrainer):
+class AgentGRPOTrainer(GRPOTrainerHooks):
     """``GRPOTrainer`` with agent statistics in its logs and optional DAPO dynamic sampling (module docstring)."""
 
     def __init__(self, *args: Any, drop_uniform_groups: bool = False, **kwargs: Any) -> None:
@@ -211,16 +222,13 @@ class AgentGRPOTrainer(GRPOTrainer):
         names = sorted(stats)
         local = torch.tensor([stats[name] for name in names], dtype=torch.float64, device=self.accelerator.device)
         total = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 else local
-        mode = "train" if self.model.training else "eval"
         for name, (numerator, denominator) in zip(names, total.tolist(), strict=True):
             if denominator > 0:
-                self._metrics[mode][STAT_PREFIX + name].append(numerator / denominator)
+                self.log_metric(STAT_PREFIX + name, numerator / denominator)
 
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        output = super()._generate_and_score_completions(inputs)
+    def after_scoring(self, output: dict[str, Any]) -> None:
         if self.drop_uniform_groups and self.model.training:
             self._drop_uniform_groups(output)
-        return output
 
     def _drop_uniform_groups(self, output: dict[str, Any]) -> None:
         advantages = output["advantages"]
@@ -231,7 +239,7 @@ class AgentGRPOTrainer(GRPOTrainer):
             return
         uniform = (advantages.view(-1, size).abs() < 1e-8).all(dim=1)
         dropped = float(uniform.float().mean())
-        self._metrics["train"]["dapo/dropped_group_fraction"].append(dropped)
+        self.log_metric("dapo/dropped_group_fraction", dropped, mode="train")
         if not uniform.any() or uniform.all():  # nothing to drop, or nothing would remain (zero loss anyway)
             return
         keep = (~uniform).repeat_interleave(size).to(output["completion_mask"].dtype).unsqueeze(1)
@@ -257,87 +265,48 @@ def grpo_dataset(questions: Sequence[Question]) -> Any:
     return Dataset.from_list(rows)
 
 
-def build_grpo_trainer(
-    model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase],
-    questions: Sequence[Question],
-    rollout_function: AgentRolloutFunction,
-    checkpoint_dir: str | Path,
-    *,
-    adapter_dir: str | Path | None = None,
-    lora_r: int = 16,
-    lora_alpha: int = 32,
-    lora_dropout: float = 0.0,
-    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
-    learning_rate: float = 1e-5,
-    max_steps: int = 10,
-    per_device_train_batch_size: int = 4,
-    num_generations: int = 4,
-    gradient_accumulation_steps: int = 1,
-    loss_type: str = "grpo",
-    beta: float = 0.0,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    scale_rewards: str = "group",
-    drop_uniform_groups: bool = False,
-    temperature: float = 1.0,
-    seed: int = 0,
-    save_steps: int = 5,
-    save_total_limit: int | None = 2,
-    logging_steps: int = 1,
-    dtype: str = "float32",
-    gradient_checkpointing: bool = False,
-    use_cpu: bool = True,
-    callbacks: list[TrainerCallback] | None = None,
-) -> AgentGRPOTrainer:
+def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], questions: Sequence[Question],
+                       rollout_function: AgentRolloutFunction, checkpoint_dir: str | Path, settings: GRPOSettings, *,
+                       adapter_dir: str | Path | None = None,
+                       callbacks: list[TrainerCallback] | None = None) -> AgentGRPOTrainer:
     """An :class:`AgentGRPOTrainer` training a LoRA policy with ``rollout_function`` (see :func:`train_grpo_lora`).
 
     ``model`` is a registry spec or a loaded ``(model, tokenizer)``. ``adapter_dir`` continues training an
-    existing adapter (e.g. the SFT one) instead of a fresh LoRA. ``per_device_train_batch_size`` counts
-    completions (prompts × ``num_generations``).
+    existing adapter (e.g. the SFT one) instead of a fresh LoRA (``settings.lora``).
     """
     from peft import LoraConfig, PeftModel
 
     from prorag.llm.registry import load_causal_lm
 
-    policy, tokenizer = load_causal_lm(model, dtype=dtype) if isinstance(model, str) else model
+    policy, tokenizer = load_causal_lm(model, dtype=settings.dtype) if isinstance(model, str) else model
     peft_config = None
     if adapter_dir is not None:
         policy = PeftModel.from_pretrained(policy, str(adapter_dir), is_trainable=True)
     else:
-        peft_config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                                 target_modules=list(target_modules), bias="none", task_type="CAUSAL_LM")
+        lora = settings.lora
+        peft_config = LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
+                                 target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
     server = rollout_function.policy_server
     if server is not None and not is_vllm_available():
         raise ImportError(f"a policy server ({server.base_url}) needs vllm installed (the gpu extra): TRL pushes the "
                           "trained weights to it through vLLM's client before every generation batch")
     vllm = ({"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": server.root}
             if server is not None else {})
+    trl_names = settings.model_dump(include={
+        "learning_rate", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+        "loss_type", "beta", "epsilon", "epsilon_high", "scale_rewards", "temperature", "seed", "logging_steps",
+        "save_steps", "save_total_limit", "use_cpu"})
     config = GRPOConfig(
         **vllm,
+        **trl_names,
         output_dir=str(checkpoint_dir),
         report_to=[],
-        use_cpu=use_cpu,
-        bf16=dtype == "bfloat16" and not use_cpu,
+        bf16=settings.dtype == "bfloat16" and not settings.use_cpu,
         fp16=False,
-        learning_rate=learning_rate,
-        max_steps=max_steps,
-        per_device_train_batch_size=per_device_train_batch_size,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        num_generations=num_generations,
-        loss_type=loss_type,
-        beta=beta,
-        epsilon=epsilon,
-        epsilon_high=epsilon_high,
-        scale_rewards=scale_rewards,
-        temperature=temperature,
         mask_truncated_completions=False,  # agent completions end with </answer>, not EOS
-        seed=seed,
-        data_seed=seed,
-        logging_steps=logging_steps,
+        data_seed=settings.seed,
         save_strategy="steps",
-        save_steps=save_steps,
-        save_total_limit=save_total_limit,
-        activation_checkpointing=gradient_checkpointing,
+        activation_checkpointing=settings.gradient_checkpointing,
         remove_unused_columns=False,
         shuffle_dataset=True,
     )
@@ -347,23 +316,25 @@ def build_grpo_trainer(
         model=policy, args=config, processing_class=tokenizer, train_dataset=grpo_dataset(questions),
         reward_funcs=[ComponentReward(name) for name in rollout_function.reward_components],
         peft_config=peft_config, rollout_func=rollout_function, callbacks=callbacks,
-        drop_uniform_groups=drop_uniform_groups)
+        drop_uniform_groups=settings.drop_uniform_groups)
 
 
 def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], questions: Sequence[Question],
-                    rollout_function: AgentRolloutFunction, output_dir: str | Path, *, resume: bool = True,
-                    **trainer_settings: Any) -> tuple[Path, list[dict[str, Any]]]:
+                    rollout_function: AgentRolloutFunction, output_dir: str | Path, settings: GRPOSettings, *,
+                    adapter_dir: str | Path | None = None, callbacks: list[TrainerCallback] | None = None,
+                    ) -> tuple[Path, list[dict[str, Any]]]:
     """Train with :func:`build_grpo_trainer`; save only the adapter, to ``output_dir / "adapter"``.
 
-    Checkpoints go to ``output_dir / "checkpoints"`` every ``save_steps``. With ``resume``, an unfinished run in
-    the same ``output_dir`` continues from its last checkpoint (the step count, optimizer, scheduler and RNG
+    Checkpoints go to ``output_dir / "checkpoints"`` every ``save_steps``. With ``settings.resume``, an unfinished
+    run in the same ``output_dir`` continues from its last checkpoint (the step count, optimizer, scheduler and RNG
     states go on); a finished one is started afresh. Returns the adapter folder and ``log_history``.
     """
     from transformers.trainer_utils import get_last_checkpoint
 
     output = Path(output_dir)
     checkpoints = output / "checkpoints"
-    trainer = build_grpo_trainer(model, questions, rollout_function, checkpoints, **trainer_settings)
+    trainer = build_grpo_trainer(model, questions, rollout_function, checkpoints, settings, adapter_dir=adapter_dir,
+                                 callbacks=callbacks)
     if trainer.accelerator.is_main_process:  # under `accelerate launch` only the main process edits the folder
         if (output / COMPLETED_MARKER).exists():
             logger.info("%s holds a finished run: starting afresh", output)
@@ -371,7 +342,7 @@ def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
             (output / COMPLETED_MARKER).unlink()
         checkpoints.mkdir(parents=True, exist_ok=True)
     trainer.accelerator.wait_for_everyone()
-    last = get_last_checkpoint(str(checkpoints)) if resume else None
+    last = get_last_checkpoint(str(checkpoints)) if settings.resume else None
     if last is not None:
         logger.info("resuming GRPO from %s", last)
     trainer.train(resume_from_checkpoint=last)

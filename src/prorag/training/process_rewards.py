@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from prorag.agent.trajectory import Rollout
     from prorag.judges.base import Judge
     from prorag.llm.generation import Generator
+    from prorag.retrieval.index import RetrievalIndex
+    from prorag.rewards.hiprag import OptimalCount
+    from prorag.specs import RewardSpec
 
 RewardMethod = Literal["hiprag", "search_r1", "over_only", "under_only", "multistage"]
 REWARD_METHODS: Final[tuple[str, ...]] = get_args(RewardMethod)
@@ -67,6 +70,13 @@ class RewardSettings:
         if not 0 <= self.lambda_f <= 1 or self.lambda_p < 0:
             raise ValueError(f"need 0 <= lambda_f <= 1 and lambda_p >= 0, got {self.lambda_f}, {self.lambda_p}")
 
+    @classmethod
+    def from_spec(cls, spec: RewardSpec, *, judge_for_metrics: bool = False) -> RewardSettings:
+        """The settings of the shared ``reward`` block (:class:`prorag.specs.RewardSpec`)."""
+        return cls(method=spec.method, lambda_f=spec.lambda_f, lambda_p=spec.lambda_p, beta=spec.beta,
+                   stage_switch_step=spec.stage_switch_step, judge_for_metrics=judge_for_metrics,
+                   reask_max_new_tokens=spec.reask_max_new_tokens)
+
     @property
     def effective_lambda_p(self) -> float:
         return 0.0 if self.method == "search_r1" else self.lambda_p
@@ -93,6 +103,8 @@ class ScoredBatch:
     totals: list[float]
     stats: dict[str, Ratio] = field(default_factory=dict)
     verdicts: list[StepVerdicts] | None = None
+    optimal: list[OptimalCount | None] = field(default_factory=list)
+    """Eq. 1 methods: each rollout's optimal/over/under/unknown step counts (None where not counted)."""
 
 
 class RolloutScorer:
@@ -120,6 +132,7 @@ class RolloutScorer:
                               mode=settings.detection_mode) if rollouts else []
         components: dict[str, list[float]] = {name: [] for name in settings.components}
         totals: list[float] = []
+        optimal: list[OptimalCount | None] = []
         stage = 1 if step < settings.stage_switch_step else 2
         for index, rollout in enumerate(rollouts):
             if settings.method == "multistage":
@@ -128,16 +141,35 @@ class RolloutScorer:
                                            queries=rollout.queries, retrieval_count=rollout.retrieval_count)
                 values = {"answer": result.answer, "search": result.search, "format": result.format}
                 total = result.total
+                optimal.append(None)
             else:
-                reward = rollout_reward(rollout, None if verdicts is None else verdicts[index],
+                scored = rollout_reward(rollout, None if verdicts is None else verdicts[index],
                                         lambda_f=settings.lambda_f, lambda_p=settings.effective_lambda_p,
-                                        mode=settings.detection_mode).reward
+                                        mode=settings.detection_mode)
+                reward = scored.reward
                 values = {"outcome": reward.outcome, "format": reward.format, "process": reward.process}
                 total = reward.total
+                optimal.append(scored.optimal)
             for name in settings.components:
                 components[name].append(float(values[name]))
             totals.append(float(total))
-        return ScoredBatch(components, totals, batch_stats(rollouts, verdicts), verdicts)
+        return ScoredBatch(components, totals, batch_stats(rollouts, verdicts), verdicts, optimal)
+
+
+def build_scorer(spec: RewardSpec, index: RetrievalIndex, *, judge_for_metrics: bool = False) -> RolloutScorer:
+    """The scorer of the shared ``reward`` block — the one RL trains with and reward judging evaluates with: its
+    judges (the reference judge grounds with ``spec.judge_retriever`` over ``index``), and for the multi-stage
+    reward the index's query embedder."""
+    from prorag.judges.factory import build_judge
+
+    settings = RewardSettings.from_spec(spec, judge_for_metrics=judge_for_metrics)
+    over_judge = under_judge = None
+    if settings.needs_detection:
+        retriever = index.retriever(spec.judge_retriever)
+        over_judge, under_judge = (build_judge(**judge.model_dump(), retriever=retriever)
+                                   for judge in (spec.over_search_judge, spec.under_search_judge))
+    embed = index.embedder.encode_queries if spec.method == "multistage" else None
+    return RolloutScorer(settings, over_judge, under_judge, embed=embed)
 
 
 def batch_stats(rollouts: Sequence[Rollout], verdicts: Sequence[StepVerdicts] | None) -> dict[str, Ratio]:

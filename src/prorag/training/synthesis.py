@@ -1,14 +1,14 @@
-"""Gold step-by-step HiPRAG trajectories built from real decompositions, for SFT.
+"""Gold step-by-step trajectories built from real decompositions, for SFT.
 
-Every trajectory is rendered with :func:`prorag.protocol.hiprag.render` and must pass
-:func:`~prorag.protocol.hiprag.check_format` (a failure raises ``RuntimeError``: it is a bug here, not bad data).
-The context of a search step is what the retriever *actually* returns for the step's query (top-k hits,
-formatted with :func:`~prorag.protocol.hiprag.format_documents`). When the gold passage is not among the hits,
-it replaces the last hit at a random position (drawn from the caller's ``rng``) and the step is counted in
-``gold_inserted``; without a retriever (``None``) the context is the gold passage alone, and every search step
-counts as inserted. A hit is the gold passage when its id is the gold id, when title and text are equal, or
-when it is a window (``"<id>#w<n>"``) of the gold passage that contains the step's evidence (the sub-answer for
-MuSiQue, the first supporting sentence for HotpotQA).
+Every trajectory is rendered by the protocol adapter's ``render`` (:class:`~prorag.protocol.base.GoldRenderer`;
+HiPRAG's is :func:`prorag.protocol.hiprag.render`) and must pass the adapter's format check (a failure raises
+``RuntimeError``: it is a bug here, not bad data). The context of a search step is what the retriever *actually*
+returns for the step's query (top-k hits, formatted with :func:`~prorag.protocol.base.format_documents`). When the
+gold passage is not among the hits, it replaces the last hit at a random position (drawn from the caller's ``rng``)
+and the step is counted in ``gold_inserted``; without a retriever (``None``) the context is the gold passage alone,
+and every search step counts as inserted. A hit is the gold passage when its id is the gold id, when title and text
+are equal, or when it is a window (``"<id>#w<n>"``) of the gold passage that contains the step's evidence (the sub-
+answer for MuSiQue, the first supporting sentence for HotpotQA).
 
 MuSiQue (``metadata.question_decomposition``): sub-question ``i`` has its placeholders ``#k`` replaced by the
 gold answer of sub-question ``k`` (``k < i``, else the record is malformed). A sub-question with a supporting
@@ -51,19 +51,12 @@ from typing import Any, Final
 
 from prorag.data.records import Passage, Question, normalize_text
 from prorag.metrics.qa import normalize_answer
+from prorag.protocol.base import GoldRenderer, ProtocolAdapter, StepDict, format_documents
 from prorag.protocol.escaping import unescape_retrieved
-from prorag.protocol.hiprag import (
-    PROTOCOL_TAGS,
-    NonSearchStep,
-    SearchStep,
-    Step,
-    Trajectory,
-    after_search,
-    check_format,
-    format_documents,
-    render,
-)
+from prorag.protocol.hiprag import PROTOCOL_TAGS, NonSearchStep  # the planners' tag check and reasoning-step record
+from prorag.protocol.registry import build_adapter
 from prorag.retrieval.base import Hit, Retriever
+from prorag.retrieval.corpus import source_passage_id
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +99,6 @@ _STOPWORDS: Final = frozenset(_STOPWORD_TEXT.split())
 _PLACEHOLDER: Final = re.compile(r"#(\d+)")
 _WORD: Final = re.compile(r"[\w][\w'’.-]*")
 _PARENTHETICAL: Final = re.compile(r"\s*\([^)]*\)\s*$")
-_WINDOW_SUFFIX: Final = re.compile(r"#w\d+$")
 
 
 class SynthesisSkipped(ValueError):
@@ -455,7 +447,7 @@ def _is_gold(hit: Hit, gold: _Gold) -> bool:
         return True
     if normalize_text(hit.title) == passage.title and normalize_text(hit.text) == passage.text:
         return True
-    return _WINDOW_SUFFIX.sub("", hit.id) == passage.id and _contains(hit.text, gold.evidence)
+    return source_passage_id(hit.id) == passage.id and _contains(hit.text, gold.evidence)
 
 
 def _context(hits: Sequence[Hit], gold: _Gold, top_k: int, rng: random.Random) -> tuple[list[Passage], bool]:
@@ -469,32 +461,36 @@ def _context(hits: Sequence[Hit], gold: _Gold, top_k: int, rng: random.Random) -
     return documents, True
 
 
-def _realize(plan: _Plan, hits: Sequence[Sequence[Hit]], top_k: int, rng: random.Random) -> SynthesizedTrajectory:
-    """Render a plan with the retrieved hits of its queries; raises ``RuntimeError`` if the format check fails."""
+def _realize(plan: _Plan, hits: Sequence[Sequence[Hit]], top_k: int, rng: random.Random,
+             adapter: ProtocolAdapter) -> SynthesizedTrajectory:
+    """Render a plan in the adapter's protocol with the retrieved hits of its queries; raises ``RuntimeError`` if
+    the format check fails."""
     search_hits = iter(hits)
-    steps: list[Step] = []
+    steps: list[StepDict] = []
     context_ids: list[tuple[str, ...]] = []
     inserted_texts: list[str] = []
     inserted = 0
     for planned in plan.steps:
         if isinstance(planned, NonSearchStep):
-            steps.append(planned)
+            steps.append({"kind": "non_search", "reasoning": planned.reasoning, "query": None, "context": None,
+                          "conclusion": planned.conclusion})
             continue
         documents, was_inserted = _context(next(search_hits), planned.gold, top_k, rng)
         inserted += was_inserted
         docs_text = format_documents([(document.title, document.text) for document in documents])
-        inserted_texts.append(after_search(docs_text))
+        inserted_texts.append(adapter.insertion(docs_text))
         context_ids.append(tuple(document.id for document in documents))
-        steps.append(SearchStep(reasoning=planned.reasoning, query=planned.query,
-                                context=unescape_retrieved(docs_text), conclusion=planned.conclusion))
-    trajectory = Trajectory(steps=tuple(steps), answer=plan.answer)
-    completion = render(trajectory)
-    if check_format(completion) != (1, len(steps)) or any(text not in completion for text in inserted_texts):
-        raise RuntimeError(f"synthesized trajectory of {plan.question.key!r} fails the HiPRAG format check "
+        steps.append({"kind": "search", "reasoning": planned.reasoning, "query": planned.query,
+                      "context": unescape_retrieved(docs_text), "conclusion": planned.conclusion})
+    if not isinstance(adapter, GoldRenderer):
+        raise ValueError(f"protocol {adapter.name!r} cannot render gold trajectories (its adapter has no render())")
+    completion = adapter.render(steps, plan.answer)
+    if adapter.check_format(completion) != (1, len(steps)) or any(text not in completion for text in inserted_texts):
+        raise RuntimeError(f"synthesized trajectory of {plan.question.key!r} fails the {adapter.name} format check "
                            f"(a bug in prorag.training.synthesis):\n{completion}")
-    n_search = len(trajectory.search_steps)
+    n_search = sum(step["kind"] == "search" for step in steps)
     return SynthesizedTrajectory(
-        question_key=plan.question.key, source=plan.question.source or plan.question.dataset,
+        question_key=plan.question.key, source=plan.question.source,
         dataset=plan.question.dataset, question=plan.question.question, answer=plan.answer,
         completion=completion, n_search=n_search, n_non_search=len(steps) - n_search, gold_inserted=inserted,
         queries=plan.queries, context_ids=tuple(context_ids), kind=plan.kind)
@@ -512,7 +508,8 @@ def _search(retriever: Retriever | None, queries: Sequence[str], top_k: int) -> 
 
 
 def _synthesize_one(planner: Callable[[Question], _Plan], question: Question, retriever: Retriever | None,
-                    top_k: int, rng: random.Random, skipped: dict[str, str] | None) -> SynthesizedTrajectory | None:
+                    top_k: int, rng: random.Random, skipped: dict[str, str] | None,
+                    protocol: str | ProtocolAdapter) -> SynthesizedTrajectory | None:
     try:
         plan = planner(question)
     except SynthesisSkipped as error:
@@ -520,19 +517,21 @@ def _synthesize_one(planner: Callable[[Question], _Plan], question: Question, re
         if skipped is not None:
             skipped[question.key] = error.reason
         return None
-    return _realize(plan, _search(retriever, plan.queries, top_k), top_k, rng)
+    return _realize(plan, _search(retriever, plan.queries, top_k), top_k, rng, build_adapter(protocol))
 
 
 def synthesize_musique(question: Question, retriever: Retriever | None, *, top_k: int = 3, rng: random.Random,
-                       skipped: dict[str, str] | None = None) -> SynthesizedTrajectory | None:
+                       skipped: dict[str, str] | None = None,
+                       protocol: str | ProtocolAdapter) -> SynthesizedTrajectory | None:
     """A gold trajectory from a MuSiQue decomposition, or None (the reason goes to ``skipped[key]``)."""
-    return _synthesize_one(_plan_musique, question, retriever, top_k, rng, skipped)
+    return _synthesize_one(_plan_musique, question, retriever, top_k, rng, skipped, protocol)
 
 
 def synthesize_hotpotqa(question: Question, retriever: Retriever | None, *, top_k: int = 3, rng: random.Random,
-                        skipped: dict[str, str] | None = None) -> SynthesizedTrajectory | None:
+                        skipped: dict[str, str] | None = None,
+                        protocol: str | ProtocolAdapter) -> SynthesizedTrajectory | None:
     """A gold trajectory from HotpotQA supporting facts, or None (the reason goes to ``skipped[key]``)."""
-    return _synthesize_one(_plan_hotpotqa, question, retriever, top_k, rng, skipped)
+    return _synthesize_one(_plan_hotpotqa, question, retriever, top_k, rng, skipped, protocol)
 
 
 PLANNERS: Final[dict[str, Callable[[Question], _Plan]]] = {"musique": _plan_musique, "hotpotqa": _plan_hotpotqa}
@@ -540,7 +539,8 @@ PLANNERS: Final[dict[str, Callable[[Question], _Plan]]] = {"musique": _plan_musi
 
 
 def synthesize_trajectories(questions: Sequence[Question], retriever: Retriever | None, *, top_k: int = 3,
-                            seed: int = 0) -> tuple[list[SynthesizedTrajectory], dict[str, str]]:
+                            seed: int = 0, protocol: str | ProtocolAdapter,
+                            ) -> tuple[list[SynthesizedTrajectory], dict[str, str]]:
     """Trajectories of every question whose dataset has a synthesizer, with ONE batched retriever call.
 
     Each question draws its insertion positions from its own ``random.Random(f"{seed}/{key}")``, so a result
@@ -559,12 +559,13 @@ def synthesize_trajectories(questions: Sequence[Question], retriever: Retriever 
         except SynthesisSkipped as error:
             skipped[question.key] = error.reason
     hits = _search(retriever, [query for plan in plans for query in plan.queries], top_k)
+    adapter = build_adapter(protocol)
     trajectories: list[SynthesizedTrajectory] = []
     start = 0
     for plan in plans:
         end = start + len(plan.queries)
         rng = random.Random(f"{seed}/{plan.question.key}")
-        trajectories.append(_realize(plan, hits[start:end], top_k, rng))
+        trajectories.append(_realize(plan, hits[start:end], top_k, rng, adapter))
         start = end
     if skipped:
         logger.info("skipped %d of %d questions: %s", len(skipped), len(questions),

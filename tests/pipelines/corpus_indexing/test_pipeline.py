@@ -6,12 +6,8 @@ import pytest
 
 from prorag.data import load_corpus, load_questions
 from prorag.pipelines.corpus_indexing import create_pipeline
-from prorag.pipelines.corpus_indexing.nodes import (
-    CorpusIndexingParams,
-    build_index,
-    evaluate_retrieval,
-    select_index_corpus,
-)
+from prorag.pipelines.corpus_indexing.nodes import build_index, evaluate_retrieval, select_index_corpus
+from prorag.pipelines.corpus_indexing.params import CorpusIndexingParams
 from prorag.retrieval import RetrievalIndex
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -87,3 +83,14 @@ def test_unknown_evaluation_key_is_rejected():
         CorpusIndexingParams(evaluation={"k_values": [1]})
     with pytest.raises(ValueError, match="retrievers"):
         CorpusIndexingParams(evaluation={"retrievers": ["splade"]})
+
+
+def test_numeric_parameters_are_strict_and_bounded():
+    with pytest.raises(ValueError, match=r"evaluation\.ks\.0"):
+        CorpusIndexingParams(evaluation={"ks": [0]})  # recall@0 would fail after the index is built
+    with pytest.raises(ValueError, match="nprobe"):
+        CorpusIndexingParams(nprobe=True)  # a bool is not an int
+    with pytest.raises(ValueError, match="shard_size"):
+        CorpusIndexingParams(shard_size=4096.0)  # nor is a float
+    with pytest.raises(ValueError, match="seed"):
+        CorpusIndexingParams(seed=-1)

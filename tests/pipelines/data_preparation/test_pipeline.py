@@ -12,7 +12,7 @@ from kedro.runner import SequentialRunner
 from prorag.config import ParameterError
 from prorag.data import DataFileError
 from prorag.pipelines.data_preparation import create_pipeline
-from prorag.pipelines.data_preparation.nodes import DataPreparationParams
+from prorag.pipelines.data_preparation.params import DataPreparationParams
 
 RAW = "data/01_raw"
 
@@ -90,7 +90,7 @@ def test_run_is_tracked_in_mlflow(project_copy, mlflow_uri):
     assert metrics["data_report.questions_total"] == 35  # 7 question files, first 5 of each
     assert metrics["data_report.passages_total"] == 23575
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "reporting")}
-    assert artifacts == {"reporting/data_report", "reporting/data_report_table"}
+    assert artifacts == {"reporting/data_report", "reporting/data_report_table", "reporting/node_timing"}
 
 
 def test_failed_run_is_marked_failed_with_file_and_line(project_copy, mlflow_uri):

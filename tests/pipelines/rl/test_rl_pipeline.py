@@ -9,9 +9,13 @@ from peft import LoraConfig, get_peft_model
 from prorag.data import Question
 from prorag.llm import BUNDLED_TINY_LLAMA, load_causal_lm
 from prorag.pipeline_registry import register_pipelines
-from prorag.pipelines.reward_judging.nodes import RewardJudgingParams
-from prorag.pipelines.rl.nodes import RLParams, run_fingerprint, select_rl_questions, train_rl
+from prorag.pipelines.rl.nodes import run_fingerprint, select_rl_questions, train_rl
+from prorag.pipelines.rl.params import RLParams
+from prorag.specs import PolicySpec, RewardSpec, TrainedAgentSpec, check_reward_protocol
 from prorag.training.grpo import COMPLETED_MARKER
+
+POLICY = PolicySpec(model=BUNDLED_TINY_LLAMA)
+AGENT = TrainedAgentSpec(step_budget=1, max_new_tokens_per_turn=8, max_total_new_tokens=16)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -26,10 +30,8 @@ def start_adapter(tmp_path_factory) -> str:
     return str(folder)
 
 
-def _params(tmp_path, **reward) -> RLParams:
-    return RLParams(model=BUNDLED_TINY_LLAMA, retriever="bm25", run_root=str(tmp_path / "runs"),
-                    reward={"method": "hiprag", **reward},
-                    agent={"step_budget": 1, "max_new_tokens_per_turn": 8, "max_total_new_tokens": 16},
+def _params(tmp_path) -> RLParams:
+    return RLParams(retriever={"kind": "bm25"}, run_root=str(tmp_path / "runs"),
                     trainer={"max_steps": 1, "per_device_train_batch_size": 4, "num_generations": 2,
                              "save_steps": 1})
 
@@ -46,8 +48,10 @@ def test_rl_questions_never_include_evaluated_ones(questions):
 
 def test_rl_params_are_checked():
     with pytest.raises(ValueError, match="multistage"):
-        RLParams(reward={"method": "multistage"})
-    RLParams(reward={"method": "multistage"}, agent={"protocol": "multistage"})
+        check_reward_protocol(RewardSpec(method="multistage"), TrainedAgentSpec())
+    with pytest.raises(ValueError, match="multistage"):
+        check_reward_protocol(RewardSpec(), TrainedAgentSpec(protocol="multistage"))
+    check_reward_protocol(RewardSpec(method="multistage"), TrainedAgentSpec(protocol="multistage"))
     with pytest.raises(ValueError, match="loss_type"):
         RLParams(trainer={"loss_type": "ppo"})
     with pytest.raises(ValueError, match="extra"):
@@ -56,33 +60,35 @@ def test_rl_params_are_checked():
 
 def test_train_rl_continues_the_adapter_and_logs_each_step(questions, index, start_adapter, tmp_path):
     params = _params(tmp_path)
-    adapter, log = train_rl(questions[:4], index, start_adapter, params, RewardJudgingParams(retriever="bm25"))
+    adapter, log = train_rl(questions[:4], index, start_adapter, params, POLICY, AGENT, RewardSpec())
     assert [entry["step"] for entry in log if "loss" in entry] == [1]
     assert {"reward", "rewards/process/mean", "agent/format_rate", "agent/cem"} <= set(log[0])
     run_dir = tmp_path / "runs" / run_fingerprint(params, start_adapter,
                                                   [Question.from_dict(q) for q in questions[:4]],
-                                                  RewardJudgingParams(retriever="bm25"))
+                                                  POLICY, AGENT, RewardSpec())
     assert adapter == str(run_dir / "adapter") and (run_dir / COMPLETED_MARKER).is_file()
 
 
 def test_the_run_folder_depends_on_the_settings(questions, start_adapter, tmp_path):
-    judging = RewardJudgingParams()
     chosen = [Question.from_dict(q) for q in questions[:2]]
-    base = run_fingerprint(_params(tmp_path), start_adapter, chosen, judging)
-    assert base == run_fingerprint(_params(tmp_path), start_adapter, chosen, judging)
-    assert base != run_fingerprint(_params(tmp_path, lambda_p=0.0), start_adapter, chosen, judging)
-    assert base != run_fingerprint(_params(tmp_path), start_adapter + "-other", chosen, judging)
+    shared = (POLICY, AGENT, RewardSpec())
+    base = run_fingerprint(_params(tmp_path), start_adapter, chosen, *shared)
+    assert base == run_fingerprint(_params(tmp_path), start_adapter, chosen, *shared)
+    assert base != run_fingerprint(_params(tmp_path), start_adapter, chosen, POLICY, AGENT, RewardSpec(lambda_p=0.0))
+    assert base != run_fingerprint(_params(tmp_path), start_adapter, chosen, POLICY,
+                                   AGENT.model_copy(update={"step_budget": 2}), RewardSpec())
+    assert base != run_fingerprint(_params(tmp_path), start_adapter + "-other", chosen, *shared)
     resumable = _params(tmp_path).model_copy(update={"trainer": _params(tmp_path).trainer.model_copy(
         update={"resume": False})})
-    assert base == run_fingerprint(resumable, start_adapter, chosen, judging)
+    assert base == run_fingerprint(resumable, start_adapter, chosen, *shared)
 
 
 def test_train_evaluates_base_sft_and_rl_policies_together():
     pipelines = register_pipelines()
     train = pipelines["train"]
     names = {node.name for node in train.nodes}
-    assert {"build_index", "synthesize_sft_data", "train_sft", "train_rl", "run_sft_policy_rollouts",
-            "run_rl_policy_rollouts", "concat_trajectories", "evaluate_trajectories",
+    assert {"build_index", "synthesize_sft_data", "train_sft", "train_rl", "sft.run_policy_rollouts",
+            "rl.run_policy_rollouts", "concat_trajectories", "evaluate_trajectories",
             "judge_trajectories"} <= names
     concat = next(node for node in train.nodes if node.name == "concat_trajectories")
     assert concat.inputs == ["trajectories", "sft_policy_trajectories", "rl_policy_trajectories"]

@@ -7,9 +7,14 @@ import pytest
 from prorag.data import load_corpus, load_questions
 from prorag.pipeline_registry import register_pipelines
 from prorag.pipelines.evaluation.nodes import evaluate_trajectories
-from prorag.pipelines.reward_judging.nodes import RewardJudgingParams, judge_trajectories
-from prorag.pipelines.rollout.nodes import RolloutParams, run_rollouts, select_rollout_questions
+from prorag.pipelines.reward_judging.nodes import judge_trajectories
+from prorag.pipelines.reward_judging.params import RewardJudgingParams
+from prorag.pipelines.rollout.nodes import run_rollouts, select_rollout_questions
+from prorag.pipelines.rollout.params import RolloutParams
 from prorag.retrieval import build_retrieval_index
+from prorag.specs import JudgeSpec, PolicySpec, RewardSpec
+
+TINY_POLICY = PolicySpec(model="bundled:tiny-random-llama", batch_size=4)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 RAW = PROJECT_ROOT / "data" / "01_raw"
@@ -33,14 +38,13 @@ def index(questions):
 def _rollout_params(**overrides):
     values = {
         "questions": {"sources": ["hotpotqa", "popqa"], "max_per_source": 2},
-        "policy": {"model": "bundled:tiny-random-llama", "batch_size": 4},
         "methods": [
             {"name": "direct", "kind": "direct", "max_new_tokens": 8},
             {"name": "standard_rag", "kind": "standard_rag", "max_new_tokens": 8},
             {"name": "hiprag_agent", "kind": "agent", "step_budget": 2, "max_new_tokens_per_turn": 16,
              "max_total_new_tokens": 32},
         ],
-        "retriever": "bm25",
+        "retriever": {"kind": "bm25"},
     }
     return RolloutParams(**{**values, **overrides})
 
@@ -55,7 +59,7 @@ def test_question_selection(questions):
 def test_rollout_evaluate_and_judge(questions, index):
     params = _rollout_params()
     selected = select_rollout_questions(questions, params)
-    trajectories = run_rollouts(selected, index, params)
+    trajectories = run_rollouts(selected, index, params, TINY_POLICY)
     assert len(trajectories) == 3 * len(selected)
     assert {t["method"] for t in trajectories} == {"direct", "standard_rag", "hiprag_agent"}
     agent = [t for t in trajectories if t["method"] == "hiprag_agent"]
@@ -71,8 +75,8 @@ def test_rollout_evaluate_and_judge(questions, index):
     assert metrics["direct"]["all"]["avg_retrieval_count"] == 0
     assert metrics["standard_rag"]["all"]["avg_context_tokens"] > 0
 
-    judging = RewardJudgingParams(retriever="bm25")
-    verdicts, rewards, judge_metrics = judge_trajectories(trajectories, index, judging, params)
+    verdicts, rewards, judge_metrics = judge_trajectories(trajectories, index, RewardJudgingParams(), RewardSpec(),
+                                                          TINY_POLICY)
     assert len(verdicts) == len(agent) == len(rewards)
     assert judge_metrics["skipped_trajectories"] == 2 * len(selected)
     assert set(judge_metrics) == {"hiprag_agent", "skipped_trajectories"}
@@ -81,9 +85,9 @@ def test_rollout_evaluate_and_judge(questions, index):
         assert row.reward == pytest.approx(row.outcome * 0.8 + row.format * 0.2 + row.process)
 
 
-def test_judge_rejects_a_run_without_hiprag_trajectories(index):
-    with pytest.raises(ValueError, match="no HiPRAG-protocol trajectory"):
-        judge_trajectories([], index, RewardJudgingParams(), _rollout_params())
+def test_judge_rejects_a_run_without_agent_trajectories(index):
+    with pytest.raises(ValueError, match="no agent trajectory"):
+        judge_trajectories([], index, RewardJudgingParams(), RewardSpec(), TINY_POLICY)
 
 
 def test_parameters_are_strict():
@@ -92,7 +96,11 @@ def test_parameters_are_strict():
     with pytest.raises(ValueError, match="temprature"):
         _rollout_params(temprature=0.5)
     with pytest.raises(ValueError, match="kind"):
-        RewardJudgingParams(over_search_judge={"kind": "oracle"})
+        RewardSpec(over_search_judge={"kind": "oracle"})
+    with pytest.raises(ValueError, match="top_k"):
+        _rollout_params(retriever={"kind": "bm25", "top_k": True})  # a bool is not an int
+    with pytest.raises(ValueError, match="max_concurrency"):
+        JudgeSpec(max_concurrency="8")  # no coercion from strings
 
 
 def test_registry_composes_train():

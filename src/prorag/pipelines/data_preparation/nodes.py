@@ -7,28 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from pydantic import Field, field_validator
 
-from prorag.config import StrictModel, register_parameters
 from prorag.data import DataFileError, Passage, Question, deduplicate_passages, load_questions, read_corpus_files
 from prorag.metrics import cover_exact_match
-
-
-@register_parameters("data_preparation")
-class DataPreparationParams(StrictModel):
-    """Which files make up the questions and the corpus (paths relative to the project root)."""
-
-    question_files: list[str] = Field(min_length=1)
-    corpus_files: list[str] = Field(default_factory=list)
-    max_questions_per_source: int | None = Field(default=None, ge=1)
-
-    @field_validator("question_files", "corpus_files")
-    @classmethod
-    def _unique(cls, paths: list[str]) -> list[str]:
-        repeated = [path for path, count in Counter(paths).items() if count > 1]
-        if repeated:
-            raise ValueError(f"listed more than once: {repeated}")
-        return paths
+from prorag.pipelines.data_preparation.params import DataPreparationParams
 
 
 def load_question_files(params: DataPreparationParams) -> list[dict[str, Any]]:
@@ -71,7 +53,7 @@ def build_data_report(question_records: list[dict[str, Any]], passage_records: l
     by_source: dict[str, list[Question]] = defaultdict(list)
     for record in question_records:
         question = Question.from_dict(record)
-        by_source[question.source or question.dataset].append(question)
+        by_source[question.source].append(question)
 
     rows = []
     missing_ids: dict[str, list[str]] = {}

@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import pandas as pd
 
 from prorag.agent import Rollout
+from prorag.metrics.qa import answer_intervals
 from prorag.metrics.rollout import summarize_by_method_and_dataset
+
+BOOTSTRAP_SEED = 0  # fixed: the same trajectories always give the same intervals
 
 
 def evaluate_trajectories(trajectory_records: list[dict[str, Any]]) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """One row per (method, dataset) and per method overall; the same numbers as metrics for MLflow."""
-    summaries = summarize_by_method_and_dataset(Rollout.from_dict(record) for record in trajectory_records)
+    """One row per (method, dataset) and per method overall; the same numbers as metrics for MLflow.
+
+    CEM, EM and F1 come with seeded percentile-bootstrap 95% intervals over the questions of the row
+    (``cem_low``/``cem_high``, …): with a few dozen dev questions a difference inside them is noise.
+    """
+    rollouts = [Rollout.from_dict(record) for record in trajectory_records]
+    summaries = summarize_by_method_and_dataset(rollouts)
+    groups: dict[str, dict[str, list[Rollout]]] = defaultdict(lambda: defaultdict(list))
+    for rollout in rollouts:
+        groups[rollout.method][rollout.dataset or "unknown"].append(rollout)
+        groups[rollout.method]["all"].append(rollout)
+    for method, by_dataset in summaries.items():
+        for dataset, summary in by_dataset.items():
+            items = groups[method][dataset]
+            summary.update(answer_intervals([r.answer for r in items], [r.golden_answers for r in items],
+                                            seed=BOOTSTRAP_SEED))
     rows = [{"method": method, "dataset": dataset, **summary}
             for method, by_dataset in summaries.items() for dataset, summary in by_dataset.items()]
     return pd.DataFrame(rows), summaries

@@ -1,4 +1,4 @@
-"""Reward judging: trajectories → step verdicts → rewards → metrics."""
+"""Reward judging: trajectories → step verdicts → rewards (the shared ``reward`` block, as RL) → metrics."""
 
 from kedro.pipeline import Node, Pipeline
 
@@ -8,6 +8,7 @@ from prorag.pipelines.reward_judging.nodes import judge_trajectories
 def create_pipeline(**kwargs: object) -> Pipeline:
     """Judge every trajectory's steps and compute its reward."""
     return Pipeline([
-        Node(judge_trajectories, ["trajectories", "retrieval_index", "params:reward_judging", "params:rollout"],
+        Node(judge_trajectories,
+             ["trajectories", "retrieval_index", "params:reward_judging", "params:reward", "params:policy"],
              ["step_verdicts", "trajectory_rewards", "judge_metrics"], name="judge_trajectories"),
     ])

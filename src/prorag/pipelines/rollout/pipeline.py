@@ -1,8 +1,13 @@
-"""Rollout: selected questions × policy × retriever → trajectories."""
+"""Rollout: selected questions × policy × retriever → trajectories; and the trained agent per trained policy."""
 
-from kedro.pipeline import Node, Pipeline
+from typing import Any
 
-from prorag.pipelines.rollout.nodes import run_rollouts, select_rollout_questions
+from kedro.pipeline import Node, Pipeline, pipeline
+
+from prorag.pipelines.rollout.nodes import run_rollouts, run_trained_rollouts, select_rollout_questions
+from prorag.pipelines.rollout.params import RolloutParams
+from prorag.retrieval import RetrievalIndex
+from prorag.specs import PolicySpec, TrainedAgentSpec
 
 
 def create_pipeline(**kwargs: object) -> Pipeline:
@@ -10,6 +15,27 @@ def create_pipeline(**kwargs: object) -> Pipeline:
     return Pipeline([
         Node(select_rollout_questions, ["index_questions", "params:rollout"], "rollout_questions",
              name="select_rollout_questions"),
-        Node(run_rollouts, ["rollout_questions", "retrieval_index", "params:rollout"], "trajectories",
-             name="run_rollouts"),
+        Node(run_rollouts, ["rollout_questions", "retrieval_index", "params:rollout", "params:policy"],
+             "trajectories", name="run_rollouts"),
     ])
+
+
+def trained_policy_rollouts(stage: str) -> Pipeline:
+    """The trained agent rolled out with the ``<stage>_adapter`` merged into the policy: one modular pipeline in
+    namespace ``stage`` (node ``<stage>.run_policy_rollouts``), output ``<stage>_policy_trajectories``."""
+    def run_policy_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex, adapter_dir: str,
+                            params: RolloutParams, policy: PolicySpec, agent: TrainedAgentSpec,
+                            ) -> list[dict[str, Any]]:
+        return run_trained_rollouts(question_records, index, adapter_dir, params, policy, agent, stage)
+
+    # a typed function per stage (not a partial): Kedro instantiates the params:... schemas from its annotations
+    run_policy_rollouts.__doc__ = run_trained_rollouts.__doc__
+    template = Pipeline([
+        Node(run_policy_rollouts, ["rollout_questions", "retrieval_index", "adapter", "params:rollout", "params:policy",
+                   "params:agent"], "policy_trajectories", name="run_policy_rollouts"),
+    ])
+    return pipeline(template, namespace=stage,
+                    inputs={"rollout_questions": "rollout_questions", "retrieval_index": "retrieval_index",
+                            "adapter": f"{stage}_adapter"},
+                    outputs={"policy_trajectories": f"{stage}_policy_trajectories"},
+                    parameters={"params:rollout", "params:policy", "params:agent"})

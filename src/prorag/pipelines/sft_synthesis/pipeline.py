@@ -8,6 +8,7 @@ from prorag.pipelines.sft_synthesis.nodes import synthesize_sft_data
 def create_pipeline(**kwargs: object) -> Pipeline:
     """Synthesize gold trajectories with the project's own retrieval contexts."""
     return Pipeline([
-        Node(synthesize_sft_data, ["index_questions", "rollout_questions", "retrieval_index", "params:sft_synthesis"],
+        Node(synthesize_sft_data, ["index_questions", "rollout_questions", "retrieval_index", "params:sft_synthesis",
+                                   "params:agent"],
              ["sft_trajectories", "sft_synthesis_metrics"], name="synthesize_sft_data"),
     ])

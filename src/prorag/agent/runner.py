@@ -1,0 +1,63 @@
+"""``build_runner(method, ...)``: the runner of one evaluated method — a baseline or the rollout engine with the
+method's protocol (looked up by name in :mod:`prorag.protocol.registry`, so a registered protocol just works)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
+
+from prorag.agent.baselines import DirectAnswer, StandardRAG
+from prorag.agent.engine import RolloutEngine
+from prorag.agent.trajectory import Rollout
+from prorag.data.records import Question
+from prorag.llm.factory import build_generator
+from prorag.llm.generation import Generator
+from prorag.protocol.registry import build_adapter
+from prorag.retrieval.base import Retriever
+from prorag.specs import AgentSpec, MethodSpec, PolicySpec, RetrieverSpec, SamplingSpec
+
+if TYPE_CHECKING:
+    from prorag.retrieval.index import RetrievalIndex
+
+Runner = Callable[[Sequence[Question]], list[Rollout]]
+"""Questions in, one rollout per question (baselines) or ``samples`` per question (agents), question-major."""
+
+
+def build_policy(policy: PolicySpec) -> Generator:
+    """The policy's generator (in-process transformers with the adapter merged, or an OpenAI-compatible server)."""
+    return build_generator(policy.model, backend=policy.backend, adapter=policy.adapter, dtype=policy.dtype,
+                           batch_size=policy.batch_size, base_url=policy.base_url, api_key_env=policy.api_key_env)
+
+
+def build_retriever(spec: RetrieverSpec, index: RetrievalIndex) -> Retriever:
+    """A retrieval server's client when ``spec.retrieval_url`` is set, else the index's ``spec.kind`` retriever."""
+    if spec.retrieval_url:
+        from prorag.retrieval.client import RetrievalClient
+
+        return RetrievalClient(spec.retrieval_url)
+    return index.retriever(spec.kind)
+
+
+def build_engine(agent: AgentSpec, generator: Generator, retriever: Retriever, *, top_k: int,
+                 sampling: SamplingSpec, method: str | None = None, **engine_options: bool) -> RolloutEngine:
+    """The rollout engine for an agent spec (its protocol's adapter built with the spec's options)."""
+    adapter = build_adapter(agent.protocol, **agent.protocol_options())
+    return RolloutEngine(generator, retriever, adapter, step_budget=agent.step_budget, top_k=top_k,
+                         max_new_tokens_per_turn=agent.max_new_tokens_per_turn,
+                         max_total_new_tokens=agent.max_total_new_tokens, temperature=sampling.temperature,
+                         top_p=sampling.top_p, seed=sampling.seed, method=method, **engine_options)
+
+
+def build_runner(method: MethodSpec, generator: Generator, retriever: Retriever, *, top_k: int,
+                 sampling: SamplingSpec, samples: int = 1) -> Runner:
+    """The runner of ``method``; its rollouts are named ``method.name``. ``samples`` applies to agents only
+    (the single-shot baselines answer once)."""
+    options = {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
+               "method": method.name}
+    if method.kind == "direct":
+        return DirectAnswer(generator, max_new_tokens=method.max_new_tokens, **options).run
+    if method.kind == "standard_rag":
+        return StandardRAG(generator, retriever, top_k=top_k, max_new_tokens=method.max_new_tokens, **options).run
+    engine = build_engine(method, generator, retriever, top_k=top_k, sampling=sampling, method=method.name)
+    return partial(engine.run, samples=samples)

@@ -1,0 +1,38 @@
+"""Nodes of the DPO pipeline."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+from prorag.llm.registry import load_tokenizer
+from prorag.pipelines.dpo.params import DPOParams
+from prorag.specs import PolicySpec
+from prorag.tracking.callbacks import MlflowStepMetrics
+from prorag.training.dpo import preference_rows, train_dpo_lora
+
+CURVE_KEYS: Final = ("loss", "learning_rate", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/margins",
+                     "rewards/accuracies", "logps/chosen", "logps/rejected")
+
+
+def train_dpo(pair_records: list[dict[str, Any]], params: DPOParams, policy: PolicySpec
+              ) -> tuple[str, dict[str, float], list[dict[str, Any]]]:
+    """Train a LoRA adapter on the pairs; returns its folder (versioned by the catalog), a summary (``dpo.*`` in
+    MLflow; the per-step curves are logged live as ``dpo.loss``, ``dpo.rewards/margins``, ``dpo.rewards/accuracies``
+    …) and the training log (a reporting file)."""
+    tokenizer = load_tokenizer(policy.model)
+    rows = preference_rows(tokenizer, pair_records)
+    output_dir = Path(tempfile.mkdtemp(prefix="prorag-dpo-"))
+    adapter_dir, history = train_dpo_lora(policy.model, rows, output_dir, params.trainer,
+                                          callbacks=[MlflowStepMetrics("dpo")])
+    curve = [{"step": int(entry["step"]), **{key: float(entry[key]) for key in CURVE_KEYS if key in entry}}
+             for entry in history if "step" in entry and "loss" in entry]
+    summary: dict[str, float] = {"pairs": len(rows), "steps": max((entry["step"] for entry in curve), default=0)}
+    for key in ("loss", "rewards/margins", "rewards/accuracies"):
+        values = [entry[key] for entry in curve if key in entry]
+        if values:
+            name = key.replace("rewards/", "")
+            summary[f"{name}_first"], summary[f"{name}_last"] = values[0], values[-1]
+            summary[f"{name}_mean"] = sum(values) / len(values)
+    return str(adapter_dir), summary, curve

@@ -1,0 +1,86 @@
+"""Nodes of the ReasonRAG data pipeline: training questions, MCTS trees, preference pairs and their report."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from prorag.agent import build_policy, build_retriever
+from prorag.data import Question, select_questions
+from prorag.judges.factory import build_judge
+from prorag.pipelines.reasonrag_data.params import ReasonRAGDataParams
+from prorag.retrieval import RetrievalIndex
+from prorag.specs import PolicySpec, TrainedAgentSpec
+from prorag.training.mcts import pair_statistics, preference_pairs, run_mcts, tree_statistics
+
+
+def select_reasonrag_questions(question_records: list[dict[str, Any]], evaluation_records: list[dict[str, Any]],
+                               params: ReasonRAGDataParams) -> list[dict[str, Any]]:
+    """The training questions, disjoint from the evaluated ones (checked: an overlap is an error naming it)."""
+    evaluated = {Question.from_dict(record).key for record in evaluation_records}
+    selected = select_questions(map(Question.from_dict, question_records), params.questions.sources,
+                                max_per_source=params.questions.max_per_source, exclude_keys=evaluated,
+                                setting="reasonrag_data.questions.sources")
+    check_disjoint([question.key for question in selected], evaluated)
+    if not selected:
+        raise ValueError("reasonrag_data.questions selects no question (all evaluated, or empty sources)")
+    return [question.to_dict() for question in selected]
+
+
+def check_disjoint(training_keys: list[str], evaluated_keys: set[str]) -> None:
+    """Raise naming every training question that is also evaluated."""
+    overlap = sorted(set(training_keys) & evaluated_keys)
+    if overlap:
+        shown = ", ".join(overlap[:10]) + (f", … ({len(overlap)} in all)" if len(overlap) > 10 else "")
+        raise ValueError(f"{len(overlap)} ReasonRAG training question(s) are also evaluated: {shown}")
+
+
+def run_reasonrag_mcts(question_records: list[dict[str, Any]], index: RetrievalIndex, params: ReasonRAGDataParams,
+                       policy: PolicySpec, agent: TrainedAgentSpec) -> list[dict[str, Any]]:
+    """MCTS with SPRE (or eq. 6) values over every training question; one record per tree node. The prompt is the
+    ReasonRAG agent's (``agent.few_shot``), the one its DPO policy is later rolled out with.
+
+    Finished questions are appended to ``<work_dir>/<fingerprint>.jsonl`` as they finish; re-running the same
+    settings after a crash resumes there and never searches a finished question again.
+    """
+    if agent.protocol != "reasonrag":
+        raise ValueError(f"reasonrag_agent.protocol must be 'reasonrag', got {agent.protocol!r}")
+    questions = [Question.from_dict(record) for record in question_records]
+    explorer = params.policy or policy
+    retriever = build_retriever(params.retriever, index)
+    judge = None
+    if params.mcts.value == "judge":
+        spec = params.judge
+        judge = build_judge(spec.kind, retriever=index.retriever("bm25"), base_url=spec.base_url, model=spec.model,
+                            api_key_env=spec.api_key_env, cache_path=spec.cache_path,
+                            max_concurrency=spec.max_concurrency, timeout=spec.timeout,
+                            max_retries=spec.max_retries, temperature=spec.temperature,
+                            f1_threshold=spec.f1_threshold, grounding_threshold=spec.grounding_threshold,
+                            top_k=spec.top_k)
+    config = params.mcts.model_copy(update={"top_k": params.retriever.top_k, "few_shot": agent.few_shot})
+    fingerprint = mcts_fingerprint(params.model_copy(update={"mcts": config}), explorer, questions)
+    results = Path(params.work_dir) / f"{fingerprint}.jsonl"
+    return run_mcts(build_policy(explorer), retriever, questions, config, results, judge=judge)
+
+
+def mcts_fingerprint(params: ReasonRAGDataParams, policy: PolicySpec, questions: list[Question]) -> str:
+    """A short hash of everything that shapes the trees (settings, explorer, retriever, question keys)."""
+    payload = json.dumps({"mcts": params.mcts.model_dump(), "policy": policy.model_dump(),
+                          "retriever": params.retriever.model_dump(), "judge": params.judge.model_dump(),
+                          "questions": [question.key for question in questions]}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def build_reasonrag_pairs(tree_records: list[dict[str, Any]], params: ReasonRAGDataParams
+                          ) -> tuple[list[dict[str, Any]], dict[str, float], dict[str, Any]]:
+    """Step-level preference pairs (§2.2.3) and the data report (MLflow metrics and a reporting file)."""
+    pairs, dropped = preference_pairs(tree_records, min_gap=params.min_reward_gap)
+    trees = tree_statistics(tree_records)
+    metrics = {**trees, **pair_statistics(pairs, int(trees["questions"])),
+               "dropped_identical": dropped.get("identical", 0), "dropped_small_gap": dropped.get("small_gap", 0)}
+    report = {"metrics": metrics, "settings": params.model_dump(mode="json"),
+              "examples": [{key: pair[key] for key in ("question", "chosen", "rejected", "chosen_q", "rejected_q",
+                                                       "chosen_action", "rejected_action")} for pair in pairs[:5]]}
+    return pairs, metrics, report

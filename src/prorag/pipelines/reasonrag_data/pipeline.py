@@ -1,0 +1,18 @@
+"""ReasonRAG data: training questions (disjoint from the evaluated ones) → MCTS trees → step-level pairs + report."""
+
+from kedro.pipeline import Node, Pipeline
+
+from prorag.pipelines.reasonrag_data.nodes import build_reasonrag_pairs, run_reasonrag_mcts, select_reasonrag_questions
+
+
+def create_pipeline(**kwargs: object) -> Pipeline:
+    """Select the questions, search their trees, build and report the pairs."""
+    return Pipeline([
+        Node(select_reasonrag_questions, ["index_questions", "rollout_questions", "params:reasonrag_data"],
+             "reasonrag_questions", name="select_reasonrag_questions"),
+        Node(run_reasonrag_mcts, ["reasonrag_questions", "retrieval_index", "params:reasonrag_data", "params:policy",
+                                       "params:reasonrag_agent"],
+             "reasonrag_trees", name="run_reasonrag_mcts"),
+        Node(build_reasonrag_pairs, ["reasonrag_trees", "params:reasonrag_data"],
+             ["reasonrag_pairs", "reasonrag_data_metrics", "reasonrag_data_report"], name="build_reasonrag_pairs"),
+    ])

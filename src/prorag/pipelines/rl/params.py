@@ -1,0 +1,49 @@
+"""Parameter schema of the RL pipeline (``rl``; see conf/base/parameters_rl.yml).
+
+The model (``policy.model``), the agent's protocol and budgets (``agent``) and the reward with its judges
+(``reward``) are shared specs (:mod:`prorag.specs`): the trained-policy rollouts and reward judging read the same
+blocks, so what RL optimizes is what evaluation measures.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from prorag.config import StrictModel
+from prorag.specs import PositiveInt, RetrieverSpec
+from prorag.training.config import GRPOSettings
+
+
+class RLQuestions(StrictModel):
+    """Training questions: by source file stem, first N of each; evaluated questions are always excluded."""
+
+    sources: list[str] = Field(default=["musique_train", "hotpotqa"], min_length=1)
+    max_per_source: PositiveInt | None = None
+
+
+class RLPolicyServer(StrictModel):
+    """A ``trl vllm-serve`` server for the rollouts; TRL syncs the trained weights into it before each batch."""
+
+    base_url: str = Field(pattern=r"^https?://")
+    """The server root, e.g. ``http://127.0.0.1:8001`` (not the ``/v1`` API path)."""
+    model: str = Field(min_length=1)
+    """The name the server serves the policy under (the ``--model`` it was started with)."""
+    timeout: float = Field(default=300.0, gt=0)
+    api_key_env: str | None = None
+    """The NAME of the environment variable holding the server's key; null: a keyless server (trl vllm-serve)."""
+
+
+class RLParams(StrictModel):
+    """``rl`` parameters."""
+
+    questions: RLQuestions = RLQuestions()
+    trainer: GRPOSettings = GRPOSettings()
+    """TRL GRPOConfig names (:class:`prorag.training.config.GRPOSettings`)."""
+    retriever: RetrieverSpec = RetrieverSpec()
+    generation_batch_size: PositiveInt = 8
+    judge_for_metrics: bool = False
+    """Also detect over-/under-search when the reward does not need it (OSR/USR curves)."""
+    policy_server: RLPolicyServer | None = None
+    """None: roll out in-process with the trainer's policy (CPU, small models); set: TRL's vLLM server mode."""
+    run_root: str = "data/06_models/rl_runs"
+    """Checkpoints live in ``<run_root>/<fingerprint of the settings>``: an interrupted run resumes there."""

@@ -1,0 +1,17 @@
+"""Parameter schema of the SFT-synthesis pipeline (``sft_synthesis``; see conf/base/parameters_sft_synthesis.yml)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from prorag.config import StrictModel
+from prorag.specs import PositiveInt, RetrieverSpec, Seed
+
+
+class SftSynthesisParams(StrictModel):
+    """Which indexed questions become gold trajectories, and how their contexts are retrieved."""
+
+    sources: list[str] = Field(default=["musique_train", "hotpotqa"], min_length=1)
+    max_per_source: PositiveInt | None = None
+    retriever: RetrieverSpec = RetrieverSpec()
+    seed: Seed = 0

@@ -1,0 +1,150 @@
+"""Nodes of the TeaRAG training pipeline: SFT data → SFT → IP-DPO rounds → TeaRAG rollouts on the dev questions."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prorag.agent import build_policy, build_runner
+from prorag.data import Question
+from prorag.kg.extraction import ExtractionSettings, extract_triplets
+from prorag.kg.graph import KnowledgeGraph
+from prorag.llm.factory import build_generator
+from prorag.llm.registry import load_tokenizer
+from prorag.pipelines.kg_extraction.params import KgExtractionParams
+from prorag.pipelines.tearag.params import TeaRAGParams
+from prorag.retrieval import RetrievalIndex
+from prorag.retrieval.base import Retriever
+from prorag.rewards.tearag import ProcessWeights, load_similarity
+from prorag.specs import MethodSpec, PolicySpec
+from prorag.training.ip_dpo import IPDPOSettings, PairRules, QuestionMix, run_ip_dpo, select_question_mix
+from prorag.training.sft import build_sft_example, train_sft_lora
+from prorag.training.tearag_sft import (
+    SFTDataSettings,
+    TeaRAGSFTExample,
+    build_tearag_sft_data,
+    golden_paragraphs,
+    group_triplets,
+)
+
+
+def _questions(records: list[dict[str, Any]]) -> list[Question]:
+    return [Question.from_dict(record) for record in records]
+
+
+def _kag_retriever(index: RetrievalIndex, graph: KnowledgeGraph, kg: KgExtractionParams,
+                   params: TeaRAGParams) -> Retriever:
+    index.attach_knowledge_graph(graph, kg.kag.settings())
+    return index.retriever(params.retriever.kind)
+
+
+def build_sft_data(question_records: list[dict[str, Any]], eval_records: list[dict[str, Any]],
+                   kg: KgExtractionParams, params: TeaRAGParams) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """§4.3.1: triplets of the golden paragraphs (the kg extractor and its cache), then the SFT paths."""
+    selection = params.sft_data
+    excluded = {question.key for question in _questions(eval_records)}
+    questions = [q for q in _questions(question_records) if q.source in selection.sources and q.key not in excluded]
+    questions = questions[: selection.max_questions] if selection.max_questions else questions
+    if not questions:
+        raise ValueError(f"tearag.sft_data.sources {selection.sources} select no indexed training question")
+    paragraphs = list({p.id: p for q in questions for p in golden_paragraphs(q)}.values())
+    spec, extraction = kg.extractor, kg.extraction
+    generator = build_generator(spec.model, backend=spec.backend, dtype=spec.dtype, batch_size=spec.batch_size,
+                                base_url=spec.base_url, api_key_env=spec.api_key_env, mode=spec.mode,
+                                max_concurrency=spec.max_concurrency, timeout=spec.timeout)
+    settings = ExtractionSettings(model=spec.model, few_shot=extraction.few_shot,
+                                  max_new_tokens=extraction.max_new_tokens, temperature=extraction.temperature,
+                                  batch_size=extraction.chunks_per_batch,
+                                  filter_ungrounded=extraction.filter_ungrounded, cache_path=extraction.cache_path)
+    result = extract_triplets(generator, paragraphs, settings)
+    examples, skipped = build_tearag_sft_data(
+        questions, group_triplets(result.triplets),
+        SFTDataSettings(extra_triplets=selection.extra_triplets, distractors=selection.distractors,
+                        single_hop_steps=selection.single_hop_steps, max_supporting=selection.max_supporting),
+        seed=selection.seed)
+    if not examples:
+        raise ValueError(f"no TeaRAG SFT example could be built ({dict(skipped)})")
+    paths = [example for example in examples if example.kind == "musique_path"]
+    metrics = {"records": len(questions), "examples": len(examples), "paths": len(paths),
+               "skipped": sum(skipped.values()), "golden_paragraphs": len(paragraphs),
+               "triplets": len(result.triplets),
+               "supporting_triplets_per_step": sum(e.supporting_triplets for e in paths)
+               / max(1, sum(e.n_steps for e in paths)),
+               "steps_without_support": sum(e.steps_without_support for e in paths),
+               "mean_steps": sum(e.n_steps for e in paths) / max(1, len(paths)),
+               **{f"skipped_{reason.replace(' ', '_')[:60]}": count for reason, count in skipped.items()}}
+    return [example.to_dict() for example in examples], metrics
+
+
+def train_tearag_sft(example_records: list[dict[str, Any]], policy: PolicySpec,
+                     params: TeaRAGParams) -> tuple[str, list[dict[str, Any]]]:
+    """LoRA SFT on the TeaRAG paths (``<Reference>`` masked, eq. 4); the adapter and its loss curve."""
+    tokenizer = load_tokenizer(policy.model)
+    examples = [TeaRAGSFTExample.from_dict(record) for record in example_records]
+    rows = [build_sft_example(tokenizer, item.question, item.completion, protocol=params.agent.protocol,
+                              few_shot=params.agent.few_shot) for item in examples]
+    adapter_dir, history = train_sft_lora(policy.model, rows, Path(tempfile.mkdtemp(prefix="prorag-tearag-sft-")),
+                                          params.sft)
+    curve = [{"step": int(entry["step"]), **{key: float(value) for key, value in entry.items()
+                                              if key in ("loss", "learning_rate", "grad_norm", "train_loss")}}
+             for entry in history if "step" in entry]
+    return str(adapter_dir), curve
+
+
+def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list[dict[str, Any]],
+                      index: RetrievalIndex, graph: KnowledgeGraph, sft_adapter: str, kg: KgExtractionParams,
+                      policy: PolicySpec, params: TeaRAGParams
+                      ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """§4.3.2: the rounds; returns the last adapter, per-round metrics (``step`` = round), the pairs and the
+    scored samples of every round."""
+    from prorag.tracking.callbacks import MlflowStepMetrics
+
+    mix = params.questions
+    questions = select_question_mix(
+        _questions(question_records),
+        QuestionMix(nq=mix.nq, hotpotqa_bridge=mix.hotpotqa_bridge, hotpotqa_comparison=mix.hotpotqa_comparison,
+                    musique=mix.musique, nq_sources=tuple(mix.nq_sources),
+                    hotpotqa_sources=tuple(mix.hotpotqa_sources), musique_sources=tuple(mix.musique_sources)),
+        exclude_keys=[Question.from_dict(record).key for record in eval_records])
+    if not questions:
+        raise ValueError("tearag.questions selects no IP-DPO question among the indexed questions")
+    cfg = params.ip_dpo
+    settings = IPDPOSettings(
+        rounds=cfg.rounds, samples_per_question=cfg.samples_per_question, top_k=params.retriever.top_k,
+        rules=PairRules(min_outcome=cfg.min_outcome, min_process=cfg.min_process, easy_max_f1=cfg.easy_max_f1),
+        weights=ProcessWeights(consistency=cfg.weight_consistency, subquery=cfg.weight_subquery,
+                               context=cfg.weight_context, summary=cfg.weight_summary))
+    results = run_ip_dpo(policy.model, sft_adapter, questions, _kag_retriever(index, graph, kg, params),
+                         params.agent, cfg.sampling, load_similarity(cfg.similarity), settings, cfg.trainer,
+                         Path(tempfile.mkdtemp(prefix="prorag-ip-dpo-")), policy_batch_size=policy.batch_size,
+                         dtype=policy.dtype,
+                         callbacks=lambda round_index: [MlflowStepMetrics(f"tearag_dpo_round{round_index}")])
+    adapter = next((result.adapter for result in reversed(results) if result.adapter), sft_adapter)
+    metrics = [{"step": result.round, **result.metrics} for result in results]
+    pairs = [{"round": result.round, **pair} for result in results for pair in result.pairs]
+    paths = [{"round": result.round, **path} for result in results for path in result.paths]
+    return adapter, metrics, pairs, paths
+
+
+def run_tearag_rollouts(eval_records: list[dict[str, Any]], index: RetrievalIndex, graph: KnowledgeGraph,
+                        sft_adapter: str, ip_dpo_adapter: str, kg: KgExtractionParams, policy: PolicySpec,
+                        params: TeaRAGParams) -> list[dict[str, Any]]:
+    """The dev questions rolled out with the TeaRAG protocol and the ``kag`` retriever: the base policy (few-shot
+    prompt, if ``evaluate_base``), the SFT policy and the IP-DPO policy (``<agent.name>_base/_sft/_ip_dpo``)."""
+    questions = _questions(eval_records)
+    retriever = _kag_retriever(index, graph, kg, params)
+    agent = params.agent.model_dump()
+    stages: list[tuple[str, str | None, bool]] = [("sft", sft_adapter, agent["few_shot"]),
+                                                  ("ip_dpo", ip_dpo_adapter, agent["few_shot"])]
+    if params.evaluate_base:
+        stages.insert(0, ("base", None, True))
+    records: list[dict[str, Any]] = []
+    for stage, adapter, few_shot in stages:
+        method = MethodSpec(kind="agent", **{**agent, "few_shot": few_shot, "name": f"{params.agent.name}_{stage}"})
+        generator = build_policy(policy.model_copy(update={"adapter": adapter}))
+        runner = build_runner(method, generator, retriever, top_k=params.retriever.top_k,
+                              sampling=params.evaluation_sampling)
+        records.extend(rollout.to_dict() for rollout in runner(questions))
+        del generator, runner
+    return records

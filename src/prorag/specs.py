@@ -1,0 +1,154 @@
+"""Typed specs of the settings that several pipelines read — declared once, imported everywhere, never copied.
+
+* :class:`PolicySpec` — the policy model and where it runs (top-level ``policy`` parameters);
+* :class:`RetrieverSpec` — which retriever over the index (or a retrieval server), and how many passages;
+* :class:`JudgeSpec` — one over- or under-search judge;
+* :class:`RewardSpec` — the reward method and its coefficients, the judges and the re-ask budget (top-level
+  ``reward``: read by RL *and* by reward judging, so training and evaluation measure the same thing);
+* :class:`AgentSpec` — the agent that SFT and RL train: protocol and budgets (top-level ``agent``: read by SFT,
+  RL and the trained-policy rollouts);
+* :class:`MethodSpec` — one method evaluated side by side (a baseline or an agent).
+
+A protocol is a ``str`` checked against :func:`prorag.protocol.registry.protocol_names`, so a protocol registered
+by a user is accepted without editing this module.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+from pydantic import Field, field_validator
+
+from prorag.config import StrictModel
+from prorag.llm.registry import BUNDLED_SMOLLM2
+from prorag.protocol.registry import protocol_names
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+RetrieverKind = Literal["dense", "bm25", "hybrid", "kag", "kag_concat"]
+"""Retrievers over a :class:`~prorag.retrieval.RetrievalIndex`; a new retriever adds its name here."""
+RewardMethod = Literal["hiprag", "search_r1", "over_only", "under_only", "multistage"]
+MethodKind = Literal["direct", "standard_rag", "agent"]
+PositiveInt = Annotated[int, Field(ge=1)]
+Seed = Annotated[int, Field(ge=0)]
+
+DEFAULT_JUDGE_CACHE: Final = "data/02_intermediate/judge_cache.sqlite"
+
+
+def _known_protocol(name: str) -> str:
+    if name not in protocol_names():
+        raise ValueError(f"unknown protocol {name!r} (known: {', '.join(protocol_names())})")
+    return name
+
+
+class PolicySpec(StrictModel):
+    """The policy: a registry spec, an optional LoRA adapter, and where it runs."""
+
+    model: str = Field(default=BUNDLED_SMOLLM2, min_length=1)
+    """Registry spec (``bundled:...``), Hugging Face name or local folder; SFT and RL train this model."""
+    adapter: str | None = None
+    backend: Literal["transformers", "openai"] = "transformers"
+    base_url: str | None = None
+    api_key_env: str | None = "OPENAI_API_KEY"
+    """The NAME of the environment variable holding the key (backend openai); null: a keyless local server."""
+    dtype: Dtype = "float32"
+    batch_size: PositiveInt = 8
+
+
+class RetrieverSpec(StrictModel):
+    """A retriever over the built index (``kind``), or a retrieval server (``retrieval_url``), returning ``top_k``."""
+
+    kind: RetrieverKind = "dense"
+    retrieval_url: str | None = Field(default=None, pattern=r"^https?://")
+    top_k: PositiveInt = 3
+
+
+class JudgeSpec(StrictModel):
+    """One judge: ``reference`` (deterministic, no model) or ``llm`` (any OpenAI-compatible endpoint)."""
+
+    kind: Literal["reference", "llm"] = "reference"
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = "OPENAI_API_KEY"
+    """The NAME of the environment variable holding the key; null: a keyless local server."""
+    cache_path: str | None = DEFAULT_JUDGE_CACHE
+    max_concurrency: PositiveInt = 32
+    timeout: float = Field(default=30.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+    temperature: float | None = Field(default=0.0, ge=0)
+    f1_threshold: float = Field(default=0.8, gt=0, le=1)
+    grounding_threshold: float = Field(default=0.6, gt=0, le=1)
+    top_k: PositiveInt = 5
+
+
+class RewardSpec(StrictModel):
+    """The reward (HiPRAG eq. 1 and its ablations, or the multi-stage reward), its judges and re-ask budget."""
+
+    method: RewardMethod = "hiprag"
+    """hiprag | search_r1 (eq. 1 with λp = 0) | over_only | under_only (the paper's ablations) | multistage."""
+    lambda_f: float = Field(default=0.2, ge=0, le=1)
+    lambda_p: float = Field(default=0.4, ge=0)
+    beta: float = Field(default=0.3, ge=0)
+    """Multi-stage: the retrieval penalty of the stage-2 answer reward."""
+    stage_switch_step: int = Field(default=0, ge=0)
+    """Multi-stage: the first training step of stage 2."""
+    reask_max_new_tokens: PositiveInt = 48
+    """Tokens the policy may write when a search step's query is re-asked alone (over-search detection, §3.2)."""
+    over_search_judge: JudgeSpec = JudgeSpec()
+    under_search_judge: JudgeSpec = JudgeSpec()
+    judge_retriever: RetrieverKind = "bm25"
+    """What the reference judge grounds non-search steps with."""
+
+
+class AgentSpec(StrictModel):
+    """An agent: a protocol (by registered name) and its budgets."""
+
+    protocol: str = "hiprag"
+    few_shot: bool = True
+    """Include the prompt's few-shot examples where the protocol has them; false for a policy after SFT."""
+    open_next_step: bool = False
+    step_budget: PositiveInt = 4
+    max_new_tokens_per_turn: PositiveInt = 256
+    max_total_new_tokens: PositiveInt = 1024
+
+    @field_validator("protocol")
+    @classmethod
+    def _registered_protocol(cls, name: str) -> str:
+        return _known_protocol(name)
+
+    def protocol_options(self) -> dict[str, bool]:
+        """The options this agent's adapter is built with (:func:`~prorag.protocol.registry.build_adapter` passes
+        each one only to a protocol that takes it)."""
+        return {"open_next_step": self.open_next_step, "few_shot": self.few_shot}
+
+
+class TrainedAgentSpec(AgentSpec):
+    """The agent that SFT and RL train, and that the trained-policy rollouts evaluate (``<name>_sft``/``_rl``)."""
+
+    name: str = Field(default="hiprag_agent", min_length=1)
+    few_shot: bool = False
+    """Train and roll out with the protocol's prompt alone (the few-shot examples are redundant after SFT)."""
+
+
+class MethodSpec(AgentSpec):
+    """One method evaluated side by side: a non-agentic baseline or the agent with a protocol."""
+
+    name: str = Field(min_length=1)
+    kind: MethodKind
+    max_new_tokens: PositiveInt = 64
+    """Baselines only: the answer's token budget."""
+
+
+class SamplingSpec(StrictModel):
+    """How the policy samples during rollouts."""
+
+    temperature: float = Field(default=0.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: Seed = 0
+
+
+def check_reward_protocol(reward: RewardSpec, agent: AgentSpec) -> None:
+    """The multi-stage reward checks its own protocol's format: ``reward.method: multistage`` goes with
+    ``agent.protocol: multistage`` (and only with it)."""
+    if (reward.method == "multistage") != (agent.protocol == "multistage"):
+        raise ValueError(f"reward.method {reward.method!r} does not go with agent.protocol {agent.protocol!r}: "
+                         "the multistage reward goes with the multistage protocol (and only with it)")

@@ -1,0 +1,158 @@
+"""Run manifests: which versions a run loaded and saved, and whether it completed — so that the inputs of a run
+come from completed runs and belong together (issue 11, item 3). Kedro-free; :mod:`prorag.hooks` applies it.
+
+A versioned dataset's version is the id of the session that saved it. Each run writes
+``<directory>/<run id>.json`` when it starts (status ``running``), and rewrites it when it ends: ``completed``,
+``failed``, or ``killed`` (SIGTERM, Ctrl-C). A run killed with SIGKILL stays ``running`` — also not completed.
+
+:func:`choose_load_versions` picks, for each versioned input, the newest version whose run *completed* (a version
+without any manifest, written before manifests existed, counts as completed), instead of Kedro's newest version
+on disk, which may come from a run that failed halfway (its first outputs saved, the rest not). It then checks
+that the chosen versions belong together: the *lineage* of a version is what its run loaded, recursively; two
+inputs whose lineages name different versions of the same dataset (e.g. trajectories rolled out over the index
+of one run, and ``index_questions`` of a later run) fail the run with both versions named, unless
+``--load-versions`` pins them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+logger = logging.getLogger(__name__)
+
+Status = Literal["running", "completed", "failed", "killed"]
+
+
+class RunVersionError(RuntimeError):
+    """The inputs of a run cannot be taken from completed runs that belong together; the message says which
+    datasets and versions, and how to choose them explicitly."""
+
+
+@dataclass
+class RunManifest:
+    """One run: its status, the pipelines it ran, and the versions of the versioned datasets it loaded and saved."""
+
+    run_id: str
+    status: Status = "running"
+    pipelines: list[str] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    loaded: dict[str, str] = field(default_factory=dict)
+    saved: dict[str, str] = field(default_factory=dict)
+
+
+class RunManifests:
+    """The manifests in ``directory`` (one JSON file per run id), read lazily and cached."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._cache: dict[str, RunManifest | None] = {}
+
+    def path(self, run_id: str) -> Path:
+        return self.directory / f"{run_id}.json"
+
+    def write(self, manifest: RunManifest) -> None:
+        """Write (or replace) a manifest atomically."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        target = self.path(manifest.run_id)
+        temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        temporary.write_text(json.dumps(asdict(manifest), indent=1, sort_keys=True), encoding="utf-8")
+        temporary.replace(target)
+        self._cache[manifest.run_id] = manifest
+
+    def read(self, run_id: str) -> RunManifest | None:
+        """The manifest of ``run_id``, or None when there is none (or it cannot be read: a warning says so)."""
+        if run_id not in self._cache:
+            path = self.path(run_id)
+            manifest = None
+            if path.is_file():
+                try:
+                    manifest = RunManifest(**json.loads(path.read_text(encoding="utf-8")))
+                except (OSError, ValueError, TypeError) as error:
+                    logger.warning("run manifest %s cannot be read (%s); treating the run as not completed", path,
+                                   error)
+                    manifest = RunManifest(run_id=run_id, status="failed")
+            self._cache[run_id] = manifest
+        return self._cache[run_id]
+
+    def usable(self, version: str) -> bool:
+        """Whether a dataset version may be loaded by default: its run completed, or it predates manifests."""
+        manifest = self.read(version)
+        return manifest is None or manifest.status == "completed"
+
+    def lineage(self, name: str, version: str) -> dict[str, str]:
+        """``{dataset: version}`` of ``name@version`` and of everything its run loaded, recursively."""
+        result: dict[str, str] = {}
+        pending = [(name, version)]
+        while pending:
+            dataset, dataset_version = pending.pop()
+            if dataset in result:
+                continue
+            result[dataset] = dataset_version
+            manifest = self.read(dataset_version)
+            if manifest is not None:
+                pending.extend(manifest.loaded.items())
+        return result
+
+
+def choose_load_versions(available: Mapping[str, Sequence[str]], manifests: RunManifests,
+                         explicit: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The version to load for each versioned input (see the module docstring).
+
+    ``available`` maps each input to its stored versions, newest first; ``explicit`` are the versions the user
+    pinned (``kedro run --load-versions``), taken as given. Raises :class:`RunVersionError` when an input has
+    versions but none from a completed run, or when two inputs do not belong together.
+    """
+    explicit = dict(explicit or {})
+    chosen: dict[str, str] = {}
+    for name, versions in available.items():
+        if name in explicit:
+            chosen[name] = explicit[name]
+            continue
+        usable = next((version for version in versions if manifests.usable(version)), None)
+        if usable is None:
+            if versions:
+                statuses = ", ".join(f"{version} ({_status(manifests, version)})" for version in versions[:5])
+                raise RunVersionError(
+                    f"{name}: no stored version comes from a completed run ({statuses}); re-run the pipeline that "
+                    f"produces it, or choose one with --load-versions={name}:<version>")
+            continue  # nothing stored: Kedro reports the missing input
+        if usable != versions[0]:
+            logger.warning("%s: loading %s, the newest version from a completed run; %s is from a run that is %s",
+                           name, usable, versions[0], _status(manifests, versions[0]))
+        chosen[name] = usable
+    _check_lineages(chosen, manifests, set(explicit))
+    return chosen
+
+
+def _check_lineages(chosen: Mapping[str, str], manifests: RunManifests, explicit: set[str]) -> None:
+    origin: dict[str, tuple[str, str, str]] = {}  # dataset -> (version, through input, that input's version)
+    for name, version in sorted(chosen.items()):
+        for dataset, dataset_version in manifests.lineage(name, version).items():
+            if dataset not in origin:
+                origin[dataset] = (dataset_version, name, version)
+                continue
+            first_version, first_input, first_input_version = origin[dataset]
+            if first_version == dataset_version or {name, first_input} <= explicit:
+                continue
+            raise RunVersionError(
+                f"inputs from runs that do not belong together: {_via(first_input, first_input_version, dataset)} "
+                f"{dataset} {first_version}, but {_via(name, version, dataset)} {dataset} {dataset_version}. "
+                f"Re-run the pipeline that produces the older one, or choose versions explicitly with "
+                f"--load-versions (e.g. --load-versions={dataset}:{first_version})")
+
+
+def _via(name: str, version: str, dataset: str) -> str:
+    return f"{name} {version} is" if name == dataset else f"{name} {version} was made from"
+
+
+def _status(manifests: RunManifests, version: str) -> str:
+    manifest = manifests.read(version)
+    return "no manifest" if manifest is None else manifest.status

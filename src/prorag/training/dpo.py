@@ -1,0 +1,166 @@
+"""DPO with a LoRA adapter (TRL ``DPOTrainer`` + PEFT): the one preference trainer of the project.
+
+Used for ReasonRAG's process-supervised preference optimization (§2.3, eq. 3) on step-level pairs from MCTS
+(:func:`prorag.training.mcts.preference_pairs`: prompt = the protocol's chat prompt + the prior steps, chosen /
+rejected = the next step), and for TeaRAG's IP-DPO (DPO jointly with an SFT loss on the chosen responses).
+
+Eq. 3 as printed, ``-E log σ(β log p_θ(y_w|x, y_<t) / p_θ(y_l|x, y_<t))``, omits the reference policy of DPO [33];
+this module trains standard DPO, ``-E log σ(β [log π_θ(y_w)/π_ref(y_w) − log π_θ(y_l)/π_ref(y_l)])`` (TRL's
+``loss_type="sigmoid"``), with the reference being the model at the start of training: the base model when a new
+LoRA adapter is created (TRL disables the adapter for the reference pass), or a frozen copy of the starting adapter
+(TRL's ``"ref"`` adapter) when training continues an existing one (``DPOTrainingConfig.init_adapter``).
+
+SFT term (IP-DPO): ``sft_weight > 0`` sets TRL 1.16's ``loss_type=["sigmoid", "sft"]`` with
+``loss_weights=[1.0, sft_weight]``: ``L = L_DPO + sft_weight · L_SFT``, where ``L_SFT`` is the mean negative
+log-likelihood per token of the chosen responses in the batch (TRL's ``"sft"`` loss). TRL 1.16 has no
+``rpo_alpha`` (removed); this is its replacement.
+
+End of sequence: TRL appends the EOS token to both responses of plain-text data. A ReasonRAG step is not the end
+of the sequence (generation stops at its closing tag), so with ``append_eos=False`` (the default) the appended EOS
+is removed from the tokenized responses; use ``append_eos=True`` for complete trajectories (IP-DPO).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from prorag.llm.generation import render_chat
+from prorag.specs import Dtype, PositiveInt, Seed
+from prorag.training.config import LoraSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+
+class DPOTrainingConfig(LoraSettings):
+    """Every knob of :func:`train_dpo_lora` (TRL names; also the parameter schema of ``dpo.trainer``). The anchor
+    code (LLaMA-Factory, full fine-tuning of Qwen2.5-7B) uses β = 0.3, lr 1e-6, cosine schedule, warm-up ratio
+    0.2, batch 1 × 2 accumulation, one epoch: the defaults here."""
+
+    beta: float = Field(default=0.3, gt=0)
+    learning_rate: float = Field(default=1e-6, gt=0)
+    num_train_epochs: float = Field(default=1.0, gt=0)
+    max_steps: int = Field(default=-1, ge=-1)
+    """-1: the whole ``num_train_epochs``."""
+    per_device_train_batch_size: PositiveInt = 1
+    gradient_accumulation_steps: PositiveInt = 2
+    lr_scheduler_type: str = "cosine"
+    warmup_ratio: float = Field(default=0.2, ge=0, lt=1)
+    sft_weight: float = Field(default=0.0, ge=0)
+    """Weight of the SFT term (mean NLL per token of the chosen responses); 0 is plain DPO (IP-DPO sets it)."""
+    init_adapter: str | None = None
+    """Continue this LoRA adapter (the reference is its frozen copy) instead of creating a new one."""
+    max_length: PositiveInt | None = None
+    """Truncate prompt + response to this many tokens (None: keep all)."""
+    append_eos: bool = False
+    """Keep TRL's EOS after each response (complete trajectories); False for step-level pairs."""
+    seed: Seed = 0
+    logging_steps: PositiveInt = 1
+    dtype: Dtype = "float32"
+    use_cpu: bool = True
+    """False on GPUs (conf/gpu)."""
+    gradient_checkpointing: bool = False
+    precompute_ref_log_probs: bool = False
+    """TRL: compute the reference log-probabilities once before training (saves memory at scale)."""
+
+    def loss(self) -> tuple[list[str], list[float]]:
+        """TRL's ``loss_type`` and ``loss_weights``."""
+        if self.sft_weight > 0:
+            return ["sigmoid", "sft"], [1.0, float(self.sft_weight)]
+        return ["sigmoid"], [1.0]
+
+
+def preference_rows(tokenizer: PreTrainedTokenizerBase,
+                    pairs: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """``{"prompt", "chosen", "rejected"}`` rows: prompt = chat template of the pair's ``messages`` (ready for the
+    assistant) + its ``transcript`` (the prior steps as the engine wrote them); errors name the pair."""
+    rows = []
+    for position, pair in enumerate(pairs):
+        missing = [key for key in ("messages", "transcript", "chosen", "rejected") if key not in pair]
+        if missing:
+            raise ValueError(f"preference pair {position} lacks {missing}")
+        if not str(pair["chosen"]).strip() or not str(pair["rejected"]).strip():
+            raise ValueError(f"preference pair {position} has an empty response")
+        if str(pair["chosen"]).strip() == str(pair["rejected"]).strip():
+            raise ValueError(f"preference pair {position}: chosen and rejected are identical")
+        prompt = render_chat(tokenizer, pair["messages"]) + str(pair["transcript"])
+        rows.append({"prompt": prompt, "chosen": str(pair["chosen"]), "rejected": str(pair["rejected"])})
+    if not rows:
+        raise ValueError("no preference pairs to train on")
+    return rows
+
+
+def _drop_appended_eos(dataset: Any, eos_token_id: int | None) -> Any:
+    """Undo TRL's EOS on step-level responses (module docstring); checks it is really there."""
+    if eos_token_id is None:
+        return dataset
+
+    def strip(example: dict[str, Any]) -> dict[str, Any]:
+        for key in ("chosen_ids", "rejected_ids"):
+            ids = list(example[key])
+            if len(ids) > 1 and ids[-1] == eos_token_id:
+                example[key] = ids[:-1]
+        return example
+
+    return dataset.map(strip)
+
+
+def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_dir: str | Path,
+                   config: DPOTrainingConfig, *,
+                   callbacks: list[TrainerCallback] | None = None) -> tuple[Path, list[dict[str, Any]]]:
+    """Train (or continue) a LoRA adapter with TRL's ``DPOTrainer`` on :func:`preference_rows`; save the adapter.
+
+    Nothing is reported by the trainer itself (``report_to=[]``); pass
+    :class:`prorag.tracking.callbacks.MlflowStepMetrics` to log loss, ``rewards/margins``, ``rewards/accuracies``
+    … per step. Returns ``(output_dir / "adapter", trainer.state.log_history)``.
+    """
+    from datasets import Dataset  # noqa: I001  (ruff takes it for first-party: tests/datasets)
+    from peft import LoraConfig, PeftModel
+    from trl import DPOConfig, DPOTrainer
+
+    from prorag.llm.registry import load_causal_lm, resolve_model_path
+
+    if not rows:
+        raise ValueError("no preference rows")
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if config.use_cpu else "cuda"
+    model, tokenizer = load_causal_lm(model_spec, dtype=config.dtype, device=device)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    peft_config = None
+    if config.init_adapter:
+        model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
+    else:
+        peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                                 target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM")
+    loss_type, loss_weights = config.loss()
+    args = DPOConfig(
+        output_dir=str(output / "trainer"), report_to=[], use_cpu=config.use_cpu,
+        bf16=config.dtype == "bfloat16" and not config.use_cpu, fp16=False,
+        beta=config.beta, loss_type=loss_type, loss_weights=loss_weights,
+        learning_rate=config.learning_rate, num_train_epochs=config.num_train_epochs, max_steps=config.max_steps,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        lr_scheduler_type=config.lr_scheduler_type, warmup_steps=float(config.warmup_ratio),  # a float < 1 is a ratio
+        seed=config.seed, data_seed=config.seed, logging_steps=config.logging_steps, save_strategy="no",
+        max_length=config.max_length, activation_checkpointing=config.gradient_checkpointing,
+        precompute_ref_log_probs=config.precompute_ref_log_probs,
+    )
+    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list([dict(row) for row in rows]),
+                         processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
+    if not config.append_eos:
+        trainer.train_dataset = _drop_appended_eos(trainer.train_dataset, tokenizer.eos_token_id)
+    trainer.train()
+    adapter_dir = output / "adapter"
+    trainer.model.save_pretrained(str(adapter_dir), selected_adapters=["default"])
+    logger.info("saved the DPO LoRA adapter of %s (%s) to %s after %d steps", model_spec,
+                resolve_model_path(model_spec), adapter_dir, trainer.state.global_step)
+    return adapter_dir, list(trainer.state.log_history)

@@ -1,0 +1,152 @@
+"""KV reuse across generate calls and prefix sharing: outputs identical to re-prefilling, counters that add up."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from prorag.agent import Rollout, RolloutEngine
+from prorag.data.records import Passage, load_questions
+from prorag.llm.generation import SamplingParams
+from prorag.llm.prefix_cache import PrefixKVCache
+from prorag.llm.registry import BUNDLED_SMOLLM2, BUNDLED_TINY_LLAMA, load_causal_lm
+from prorag.llm.transformers_backend import TransformersGenerator
+from prorag.retrieval import build_retrieval_index
+
+RAW = Path(__file__).resolve().parents[2] / "data" / "01_raw"
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(one_torch_thread):
+    return load_causal_lm(BUNDLED_TINY_LLAMA)
+
+
+@pytest.fixture(scope="module")
+def retriever():
+    with (RAW / "corpus" / "hotpotqa.jsonl").open(encoding="utf-8") as handle:
+        passages = [Passage.from_dict(json.loads(line)) for line in itertools.islice(handle, 50)]
+    return build_retrieval_index(passages, "hashing:64", build_bm25=True, show_progress=False).bm25
+
+
+def signature(rollout: Rollout) -> tuple:
+    return (rollout.completion, rollout.stop_reason, tuple(tuple(s.token_ids) for s in rollout.segments))
+
+
+def test_reuse_is_token_identical_over_ragged_turns_with_insertions(tiny_pair):
+    reuse = TransformersGenerator(tiny_pair, batch_size=4)
+    fresh = TransformersGenerator(tiny_pair, batch_size=4, prefix_cache_mb=0)
+    rng = random.Random(0)
+    sequences = {row: reuse.encode(f"Question {row}: " + "word " * rng.randint(3, 40)) for row in range(6)}
+    active = list(sequences)
+    params = SamplingParams(max_new_tokens=10, stop=("ab",), logprobs=True)
+    for _turn in range(5):  # rows drop out at different turns; each gets an insertion of 0-30 tokens
+        with_cache = reuse.generate([sequences[row] for row in active], params)
+        without = fresh.generate([sequences[row] for row in active], params)
+        for row, ours, theirs in zip(active, with_cache, without, strict=True):
+            assert ours[0].token_ids == theirs[0].token_ids
+            assert ours[0].logprobs == pytest.approx(theirs[0].logprobs, abs=1e-4)
+            sequences[row] += ours[0].token_ids + [rng.randrange(100, 5000) for _ in range(rng.randint(0, 30))]
+        active = [row for row in active if rng.random() > 0.25] or active[:1]
+    stats = reuse.stats
+    assert stats.cached_tokens > 0.5 * stats.prompt_tokens
+    assert stats.prompt_tokens == fresh.stats.prompt_tokens == stats.cached_tokens + stats.prefill_tokens
+    assert fresh.stats.cached_tokens == 0 and fresh.stats.prefill_tokens == fresh.stats.prompt_tokens
+    assert stats.decode_tokens == fresh.stats.decode_tokens > 0
+
+
+def test_samples_of_one_prompt_share_one_prefill_and_sampling_is_unchanged(tiny_pair):
+    reuse = TransformersGenerator(tiny_pair, batch_size=8)
+    fresh = TransformersGenerator(tiny_pair, batch_size=8, prefix_cache_mb=0)
+    prompts = [reuse.encode("Who wrote Moby-Dick? " * 5), reuse.encode("Where is Lomako Yokokala?")]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, n=4, seed=7)
+    ours, theirs = reuse.generate(prompts, params), fresh.generate(prompts, params)
+    assert [[c.token_ids for c in samples] for samples in ours] == [[c.token_ids for c in s] for s in theirs]
+    # each prompt is prefilled once (all but its last token), then its 4 rows run one token each
+    assert reuse.stats.shared_prefill_tokens == sum(len(ids) - 1 for ids in prompts)
+    assert reuse.stats.cached_tokens == 4 * sum(len(ids) - 1 for ids in prompts)
+    assert reuse.stats.prefill_tokens == reuse.stats.shared_prefill_tokens + 8
+
+
+def test_engine_rollouts_are_identical_with_and_without_reuse(tiny_pair, retriever):
+    questions = [q.question for q in load_questions(RAW / "qa" / "hotpotqa.jsonl")[:3]]
+    runs = {}
+    for megabytes in (256, 0):
+        generator = TransformersGenerator(tiny_pair, batch_size=4, prefix_cache_mb=megabytes)
+        engine = RolloutEngine(generator, retriever, "hiprag", progress=False, max_new_tokens_per_turn=8,
+                               max_total_new_tokens=40)
+        runs[megabytes] = (engine.run(questions, samples=2), generator.stats)
+    (ours, stats), (theirs, fresh) = runs[256], runs[0]
+    assert [signature(r) for r in ours] == [signature(r) for r in theirs]
+    assert min(r.turns for r in ours) >= 5
+    assert stats.cache_hit_rate > 0.8 and fresh.cache_hit_rate == 0.0
+    assert stats.shared_prefill_tokens > 0  # the two samples of each question share the first prefill
+
+
+def test_cache_is_bounded_and_dropped_when_the_weights_change(tiny_pair):
+    model, _ = tiny_pair
+    generator = TransformersGenerator(tiny_pair, batch_size=2, prefix_cache_mb=1)
+    prompt = generator.encode("The quick brown fox " * 4)
+    params = SamplingParams(max_new_tokens=4)
+    generator.generate([prompt], params)
+    cache = generator.prefix_cache
+    assert cache is not None and len(cache) == 1 and 0 < cache.nbytes <= cache.max_bytes
+    generator.generate([prompt], params)
+    assert generator.stats.cached_tokens == len(prompt) - 1
+    parameter = next(model.parameters())
+    with torch.no_grad():
+        parameter.add_(0.0)  # an in-place update (an optimizer step) bumps the version counter
+    generator.generate([prompt], params)
+    assert generator.stats.cached_tokens == len(prompt) - 1  # nothing reused after the update
+    tiny = PrefixKVCache(max_bytes=100)
+    tiny.store([1, 2, 3], [(torch.zeros(1, 3, 8), torch.zeros(1, 3, 8))])  # 192 bytes > 100: not kept
+    assert len(tiny) == 0
+    with pytest.raises(ValueError, match="prefix_cache_mb"):
+        TransformersGenerator(tiny_pair, prefix_cache_mb=-1)
+
+
+def test_longest_shared_prefix_is_found_and_superseded_entries_dropped():
+    cache = PrefixKVCache(max_bytes=10**6)
+    layer = [(torch.zeros(1, 4, 2), torch.zeros(1, 4, 2))]
+    cache.store([5, 6, 7, 8], layer)
+    assert cache.lookup([5, 6, 9, 9, 9])[1] == 2  # a sibling: shares 2 tokens
+    assert cache.lookup([5, 6, 7, 8])[1] == 3  # the last prompt token is always run
+    assert cache.lookup([4, 6, 7])[0] is None
+    cache.store([5, 6, 7, 8, 1, 2], [(torch.zeros(1, 6, 2), torch.zeros(1, 6, 2))])
+    assert len(cache) == 1  # [5, 6, 7, 8] is a prefix of the new entry
+
+
+def test_eviction_keeps_the_entries_the_current_call_uses():
+    def kv(length: int) -> list:
+        return [(torch.zeros(1, length, 2), torch.zeros(1, length, 2))]  # 16 bytes per token
+
+    cache = PrefixKVCache(max_bytes=2 * 16 * 4)  # room for two 4-token entries
+    cache.begin_call()
+    for first in (1, 2, 3):  # a rollout with more trajectories than fit: the third is not kept ...
+        cache.store([first, 9, 9, 9], kv(4))
+    assert [cache.lookup([first, 9, 9, 9, 0])[1] for first in (1, 2, 3)] == [4, 4, 0]
+    cache.begin_call()  # ... and the next turn still reuses the two that were, instead of cycling
+    cache.lookup([1, 9, 9, 9, 0])
+    cache.store([3, 9, 9, 9], kv(4))  # evicts 2 (unused in this call), not 1
+    assert [cache.lookup([first, 9, 9, 9, 0])[1] for first in (1, 2, 3)] == [4, 0, 4]
+    assert cache.nbytes == 2 * 16 * 4
+
+
+@pytest.mark.slow
+def test_smollm2_rollouts_with_searches_are_identical_with_and_without_reuse(one_torch_thread, retriever):
+    pair = load_causal_lm(BUNDLED_SMOLLM2)
+    question = load_questions(RAW / "qa" / "hotpotqa.jsonl")[:1]
+    runs = {}
+    for megabytes in (512, 0):
+        generator = TransformersGenerator(pair, batch_size=1, prefix_cache_mb=megabytes)
+        engine = RolloutEngine(generator, retriever, "hiprag", progress=False, step_budget=2,
+                               max_new_tokens_per_turn=24, max_total_new_tokens=64)
+        runs[megabytes] = (engine.run(question), generator.stats)
+    (ours, stats), (theirs, _) = runs[512], runs[0]
+    assert [signature(r) for r in ours] == [signature(r) for r in theirs]
+    assert ours[0].retrieval_count >= 1 and ours[0].context_tokens > 0  # a context was inserted mid-rollout
+    assert stats.cache_hit_rate > 0.5

@@ -1,0 +1,135 @@
+"""Inputs come from completed runs that belong together (issue 11, item 3); a killed run is marked killed.
+
+The hooks are driven as a Kedro session drives them (catalog created with the session's save version, then
+``before_pipeline_run``, saves, ``after_pipeline_run`` / ``on_pipeline_error``), on versioned JSONL datasets in a
+temporary project.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import mlflow
+import pytest
+from kedro.io import DataCatalog, Version
+from kedro.pipeline import Pipeline, node
+
+from prorag.datasets import JSONLinesDataset
+from prorag.hooks import RUN_MANIFEST_DIR, RunVersionHook
+from prorag.tracking.run_manifest import RunManifest, RunManifests, RunVersionError, choose_load_versions
+
+A, B, C, D, E, F = (f"2026-01-0{day}T00.00.00.000Z" for day in range(1, 7))
+INDEXING = Pipeline([node(lambda: None, inputs=None, outputs=["index_questions", "retrieval_index"],
+                          name="build_index")])
+ROLLOUT = Pipeline([node(lambda q, i: None, inputs=["index_questions", "retrieval_index"], outputs="trajectories",
+                         name="roll_out")])
+JUDGING = Pipeline([node(lambda t, q: None, inputs=["trajectories", "index_questions"], outputs="judged",
+                         name="judge")])
+NAMES = ("index_questions", "retrieval_index", "trajectories", "judged")
+
+
+def catalog_for(root: Path, save_version: str, load_versions: dict[str, str] | None = None) -> DataCatalog:
+    load_versions = load_versions or {}
+    return DataCatalog({name: JSONLinesDataset(filepath=str(root / "data" / f"{name}.jsonl"),
+                                               version=Version(load_versions.get(name), save_version))
+                        for name in NAMES})
+
+
+def run(root: Path, run_id: str, pipeline: Pipeline, saves: dict[str, list[dict]], *, fail: bool = False,
+        load_versions: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    """One 'kedro run': the hook pins the inputs, the inputs are loaded, ``saves`` are saved (then it fails)."""
+    catalog = catalog_for(root, run_id, load_versions)
+    hook = RunVersionHook()
+    hook.after_catalog_created(catalog)
+    hook.before_pipeline_run({"run_id": run_id, "project_path": str(root), "load_versions": load_versions or {},
+                              "pipeline_names": ["test"]}, pipeline, catalog)
+    loaded = {name: catalog.load(name) for name in sorted(pipeline.inputs())}
+    for name, data in saves.items():
+        catalog.save(name, data)
+        hook.after_dataset_saved(name)
+    if fail:
+        hook.on_pipeline_error()
+    else:
+        hook.after_pipeline_run()
+    return loaded
+
+
+def manifest(root: Path, run_id: str) -> dict:
+    return json.loads((root / RUN_MANIFEST_DIR / f"{run_id}.json").read_text(encoding="utf-8"))
+
+
+def test_a_failed_run_s_outputs_are_not_mixed_with_a_completed_run_s(tmp_path):
+    run(tmp_path, A, INDEXING, {"index_questions": [{"q": "A"}], "retrieval_index": [{"index": "A"}]})
+    run(tmp_path, B, INDEXING, {"index_questions": [{"q": "B"}]}, fail=True)  # died before saving the index
+    assert manifest(tmp_path, A)["status"] == "completed" and manifest(tmp_path, B)["status"] == "failed"
+    assert manifest(tmp_path, A)["saved"] == {"index_questions": A, "retrieval_index": A}
+    loaded = run(tmp_path, C, ROLLOUT, {"trajectories": [{"t": "C"}]})
+    # Kedro alone would load index_questions of the failed run B with the index of run A.
+    assert loaded == {"index_questions": [{"q": "A"}], "retrieval_index": [{"index": "A"}]}
+    assert manifest(tmp_path, C)["loaded"] == {"index_questions": A, "retrieval_index": A}
+
+
+def test_inputs_whose_lineages_disagree_fail_naming_both_versions(tmp_path):
+    run(tmp_path, A, INDEXING, {"index_questions": [{"q": "A"}], "retrieval_index": [{"index": "A"}]})
+    run(tmp_path, D, ROLLOUT, {"trajectories": [{"t": "D"}]})  # rolled out over the index of A
+    run(tmp_path, E, INDEXING, {"index_questions": [{"q": "E"}], "retrieval_index": [{"index": "E"}]})
+    with pytest.raises(RunVersionError, match=rf"index_questions {E}.*trajectories {D} was made from index_questions "
+                                              rf"{A}|trajectories {D} was made from index_questions {A}.*{E}"):
+        run(tmp_path, F, JUDGING, {"judged": []})
+    assert not (tmp_path / RUN_MANIFEST_DIR / f"{F}.json").exists()
+    loaded = run(tmp_path, F, JUDGING, {"judged": []}, load_versions={"index_questions": A})  # the way out
+    assert loaded["index_questions"] == [{"q": "A"}]
+
+
+def test_consistent_runs_of_separate_pipelines_pass(tmp_path):
+    run(tmp_path, A, INDEXING, {"index_questions": [{"q": "A"}], "retrieval_index": [{"index": "A"}]})
+    run(tmp_path, D, ROLLOUT, {"trajectories": [{"t": "D"}]})
+    loaded = run(tmp_path, F, JUDGING, {"judged": []})
+    assert loaded == {"trajectories": [{"t": "D"}], "index_questions": [{"q": "A"}]}
+
+
+def test_only_runs_that_never_completed_is_an_error(tmp_path):
+    run(tmp_path, B, INDEXING, {"index_questions": [{"q": "B"}], "retrieval_index": []}, fail=True)
+    with pytest.raises(RunVersionError, match=rf"index_questions: no stored version comes from a completed run "
+                                              rf"\({B} \(failed\)\)"):
+        run(tmp_path, C, ROLLOUT, {})
+
+
+def test_versions_saved_before_manifests_existed_still_load(tmp_path):
+    manifests = RunManifests(tmp_path)
+    assert choose_load_versions({"x": [B, A]}, manifests) == {"x": B}
+    manifests.write(RunManifest(run_id=B, status="running"))
+    assert choose_load_versions({"x": [B, A]}, RunManifests(tmp_path)) == {"x": A}
+
+
+KILLED_RUN = textwrap.dedent("""
+    import os, signal, sys
+    from kedro.io import DataCatalog
+    from kedro.pipeline import Pipeline
+    from prorag.hooks import MlflowTrackingHook, RunVersionHook
+    catalog = DataCatalog({})
+    params = {"run_id": sys.argv[1], "project_path": sys.argv[2], "pipeline_names": ["long"]}
+    hooks = [MlflowTrackingHook(), RunVersionHook()]
+    for hook in hooks:
+        hook.after_catalog_created(catalog)
+        hook.before_pipeline_run(params, Pipeline([]), catalog)
+    print("running", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)  # what `kill <pid>` or a scheduler's time limit sends
+    signal.pause()
+""")
+
+
+def test_a_killed_run_is_marked_killed_in_mlflow_and_its_manifest(tmp_path, mlflow_uri):
+    completed = subprocess.run([sys.executable, "-c", KILLED_RUN, A, str(tmp_path)], capture_output=True,
+                               text=True, timeout=120, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri})
+    assert "running" in completed.stdout, completed.stderr[-2000:]
+    assert completed.returncode == 128 + signal.SIGTERM
+    (killed,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert killed.info.status == "KILLED" and killed.data.tags["kedro.session_id"] == A
+    assert manifest(tmp_path, A)["status"] == "killed"

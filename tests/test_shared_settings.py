@@ -1,0 +1,63 @@
+"""One source of truth per setting: the places that must agree read the same block, in every conf env."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kedro.config import OmegaConfigLoader
+from pydantic import BaseModel
+
+from prorag.config import validate_parameters
+from prorag.pipeline_registry import register_pipelines
+from prorag.pipelines.parameter_schemas import PARAMETER_SCHEMAS, all_parameter_schemas
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+SHARED = {"policy": "model", "agent": "protocol", "reward": "lambda_p"}
+"""Each shared block and one setting that only it may declare."""
+PIPELINE_SCHEMAS = ("rollout", "reward_judging", "sft_synthesis", "sft", "rl")
+
+
+def _parameters(env: str) -> dict:
+    loader = OmegaConfigLoader(str(CONF), base_env="base", default_run_env=env)
+    return loader["parameters"]
+
+
+def _readers(parameter: str) -> set[str]:
+    return {node.name for node in register_pipelines()["train"].nodes if parameter in node.inputs}
+
+
+@pytest.mark.parametrize("env", ["local", "gpu"])
+def test_every_parameter_file_validates(env):
+    parsed = validate_parameters(_parameters(env), all_parameter_schemas())
+    assert set(SHARED) <= set(parsed)
+
+
+def test_shared_blocks_are_the_only_declarations_of_their_settings():
+    def fields(schema: type[BaseModel]) -> set[str]:
+        return set(schema.model_fields)
+
+    for namespace in PIPELINE_SCHEMAS:  # the pipeline schemas hold no copy of a shared setting
+        assert not fields(PARAMETER_SCHEMAS[namespace]) & {"model", "lambda_f", "lambda_p", "few_shot", "protocol",
+                                                            "reask_max_new_tokens", "step_budget"}, namespace
+
+
+def test_training_and_evaluation_read_the_same_blocks():
+    assert {"train_rl", "judge_trajectories"} <= _readers("params:reward")  # RL reward == judged reward
+    assert {"synthesize_sft_data", "train_sft", "train_rl", "sft.run_policy_rollouts",
+            "rl.run_policy_rollouts"} <= _readers("params:agent")  # one protocol, prompt and budget
+    assert {"train_sft", "train_rl", "run_rollouts", "sft.run_policy_rollouts", "rl.run_policy_rollouts",
+            "judge_trajectories"} <= _readers("params:policy")  # the model is named once
+
+
+def test_the_gpu_policy_server_serves_the_shared_model():
+    parameters = _parameters("gpu")
+    assert parameters["rl"]["policy_server"]["model"] == parameters["policy"]["model"]  # ${policy.model}
+
+
+def test_an_override_of_the_reward_reaches_training_and_judging_alike():
+    loader = OmegaConfigLoader(str(CONF), base_env="base", default_run_env="local",
+                               runtime_params={"reward": {"method": "search_r1", "lambda_p": 0.0}})
+    parsed = validate_parameters(loader["parameters"], all_parameter_schemas())
+    reward = parsed["reward"]
+    assert (reward.method, reward.lambda_p) == ("search_r1", 0.0)
