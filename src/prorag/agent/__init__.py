@@ -13,7 +13,15 @@ from prorag.agent.engine import (
     RolloutEngine,
     RolloutError,
 )
-from prorag.agent.runner import Runner, build_engine, build_policy, build_retriever, build_runner
+from prorag.agent.runner import (
+    Runner,
+    build_engine,
+    build_policy,
+    build_retriever,
+    build_runner,
+    producing_policy,
+    record_policy,
+)
 from prorag.agent.trajectory import (
     STOP_REASONS,
     Rollout,
@@ -49,5 +57,7 @@ __all__ = [
     "build_retriever",
     "build_runner",
     "completion_ids_and_mask",
+    "producing_policy",
+    "record_policy",
     "stop_reason_counts",
 ]

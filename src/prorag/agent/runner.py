@@ -30,6 +30,25 @@ def build_policy(policy: PolicySpec) -> Generator:
                            batch_size=policy.batch_size, base_url=policy.base_url, api_key_env=policy.api_key_env)
 
 
+POLICY_METADATA_KEY = "policy"
+"""``Rollout.metadata`` key of the policy (model, adapter, backend) that produced the rollout."""
+
+
+def record_policy(rollouts: Sequence[Rollout], policy: PolicySpec) -> list[Rollout]:
+    """Stamp each rollout with the policy that produced it, so reward judging re-asks over-search queries to that
+    very policy (model + adapter), not to the base model."""
+    produced_by = policy.model_dump()
+    for rollout in rollouts:
+        rollout.metadata[POLICY_METADATA_KEY] = produced_by
+    return list(rollouts)
+
+
+def producing_policy(rollout: Rollout) -> PolicySpec | None:
+    """The policy recorded by :func:`record_policy`, or None for a rollout that has none (older trajectories)."""
+    recorded = rollout.metadata.get(POLICY_METADATA_KEY)
+    return PolicySpec.model_validate(recorded) if recorded else None
+
+
 def build_retriever(spec: RetrieverSpec, index: RetrievalIndex) -> Retriever:
     """A retrieval server's client when ``spec.retrieval_url`` is set, else the index's ``spec.kind`` retriever."""
     if spec.retrieval_url:

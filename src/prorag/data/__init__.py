@@ -9,7 +9,7 @@ from prorag.data.records import (
     load_questions,
     normalize_text,
 )
-from prorag.data.selection import select_questions
+from prorag.data.selection import question_text_key, select_questions, warn_non_train_splits
 
 __all__ = [
     "DataFileError",
@@ -22,8 +22,10 @@ __all__ = [
     "load_passages",
     "load_questions",
     "normalize_text",
+    "question_text_key",
     "read_corpus_files",
     "read_jsonl",
     "select_questions",
+    "warn_non_train_splits",
     "write_jsonl",
 ]

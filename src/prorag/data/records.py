@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from prorag.data.jsonl import DataFileError, iter_jsonl
 
@@ -47,6 +48,11 @@ class Passage:
         return cls(id=identifier.strip(), title=normalize_text(title), text=text)
 
 
+SPLIT_KINDS: Final = {"train": "train", "training": "train", "dev": "dev", "validation": "dev", "val": "dev",
+                      "test": "test"}
+"""First word of a question's ``split`` → its kind (:attr:`Question.split_kind`)."""
+
+
 @dataclass(frozen=True)
 class Question:
     """A benchmark question with its gold answers and, where the dataset has them, passage ids."""
@@ -67,6 +73,13 @@ class Question:
     def __post_init__(self) -> None:
         if not self.source:
             object.__setattr__(self, "source", self.dataset)
+
+    @property
+    def split_kind(self) -> str:
+        """``train``, ``dev``, ``test`` or ``unknown``, from the free-text ``split`` ("dev (distractor)",
+        "test (all 125)", "train"): its first word, with training/validation/val read as train/dev."""
+        words = re.findall(r"[a-z]+", self.split.lower())
+        return SPLIT_KINDS.get(words[0], "unknown") if words else "unknown"
 
     @property
     def key(self) -> str:

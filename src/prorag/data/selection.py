@@ -3,19 +3,30 @@ that indexing, rollouts, SFT synthesis and RL share."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
-from prorag.data.records import Question
+from prorag.data.records import Question, normalize_text
+
+logger = logging.getLogger(__name__)
+
+
+def question_text_key(question: Question) -> str:
+    """The question text as compared for train/evaluation disjointness (case- and space-insensitive)."""
+    return normalize_text(question.question).casefold()
 
 
 def select_questions(questions: Iterable[Question], sources: Sequence[str] | None = None, *,
-                     max_per_source: int | None = None, exclude_keys: Iterable[str] = (),
-                     setting: str = "sources") -> list[Question]:
-    """The first ``max_per_source`` questions of each of ``sources`` (file stems; None: every source) whose key
-    is not excluded, in input order.
+                     max_per_source: int | None = None, exclude: Iterable[Question] = (),
+                     exclude_split_kinds: Collection[str] = (), setting: str = "sources") -> list[Question]:
+    """The first ``max_per_source`` questions of each of ``sources`` (file stems; None: every source), in input
+    order, leaving out every question of ``exclude`` (by key *and* by question text, so a training set stays
+    disjoint from the evaluated questions even across files) and every question whose
+    :attr:`~prorag.data.records.Question.split_kind` is in ``exclude_split_kinds``.
 
-    A source that no question comes from is an error naming ``setting`` (the parameter that listed it).
+    A source that no question comes from is an error naming ``setting`` (the parameter that listed it), and so is a
+    listed source all of whose questions are of an excluded split kind.
     """
     pool = list(questions)
     if sources is not None:
@@ -23,13 +34,34 @@ def select_questions(questions: Iterable[Question], sources: Sequence[str] | Non
         unknown = sorted(set(sources) - set(available))
         if unknown:
             raise ValueError(f"{setting} names {unknown}, not among the question sources {available}")
-    excluded = set(exclude_keys)
+        emptied = sorted(source for source in sources
+                         if all(q.split_kind in exclude_split_kinds for q in pool if q.source == source))
+        if emptied:
+            raise ValueError(f"{setting} names {emptied}, whose questions are all of split "
+                             f"{sorted(exclude_split_kinds)}, which this selection leaves out")
+    excluded = list(exclude)
+    excluded_keys = {question.key for question in excluded}
+    excluded_texts = {question_text_key(question) for question in excluded}
     taken: Counter[str] = Counter()
     selected = []
     for question in pool:
-        if (sources is not None and question.source not in sources) or question.key in excluded:
+        if (sources is not None and question.source not in sources) or question.key in excluded_keys \
+                or question.split_kind in exclude_split_kinds or question_text_key(question) in excluded_texts:
             continue
         if max_per_source is None or taken[question.source] < max_per_source:
             taken[question.source] += 1
             selected.append(question)
     return selected
+
+
+def warn_non_train_splits(questions: Sequence[Question], setting: str) -> dict[str, int]:
+    """Log a warning naming the sources of training questions that are not of a train split (the embedded default
+    trains on HotpotQA dev questions the evaluation does not use, as no HotpotQA train split ships with the data);
+    returns the count per split kind."""
+    kinds = Counter(question.split_kind for question in questions)
+    others = sorted({question.source for question in questions if question.split_kind != "train"})
+    if others:
+        logger.warning("%s: %d of %d training questions are not of a train split (sources %s); they are disjoint "
+                       "from the evaluated questions, but a paper-scale run trains on train splits only",
+                       setting, len(questions) - kinds["train"], len(questions), others)
+    return dict(kinds)

@@ -266,24 +266,27 @@ block follows it.
 </step>"""
 
 FEW_SHOT_EXAMPLES: Final[tuple[tuple[str, str], ...]] = (
+    # MuSiQue *train* 2hop__150763_14904 (data/01_raw/qa/musique_train.jsonl, its supporting paragraph quoted),
+    # not the paper's 2WikiMultiHopQA case-study question, which is a test question: 2Wiki stays evaluable.
     (
-        "What is the place of birth of the performer of song Slow Down (Lacy J. Dalton Song)?",
+        "Who was the first president of the association which published Journal of Psychotherapy Integration?",
         """<think>
 <step>
-<reasoning>The question names the performer in parentheses: the song Slow Down meant here is the one by \
-Lacy J. Dalton. I can read this from the question itself, so this part needs no search.</reasoning>
-<conclusion>The performer of Slow Down (Lacy J. Dalton Song) is Lacy J. Dalton.</conclusion>
+<reasoning>First I need the publisher of the Journal of Psychotherapy Integration. I am not certain of it, so I \
+will search for it.</reasoning>
+<search>Journal of Psychotherapy Integration publisher</search>
+<context>Doc 1(Title: "Journal of Psychotherapy Integration") The Journal of Psychotherapy Integration is a \
+peer-reviewed academic journal published by the American Psychological Association on behalf of the Society for \
+the Exploration of Psychotherapy Integration.</context>
+<conclusion>The journal is published by the American Psychological Association.</conclusion>
 </step>
 <step>
-<reasoning>Now I need the place of birth of Lacy J. Dalton. I am not certain of it, so I will search for \
-it.</reasoning>
-<search>Lacy J. Dalton place of birth</search>
-<context>Doc 1(Title: "Lacy J. Dalton") Lacy J. Dalton (born Jill Lynne Byrem; October 13, 1946, \
-Bloomsburg, Pennsylvania) is an American country singer and songwriter.</context>
-<conclusion>Lacy J. Dalton was born in Bloomsburg, Pennsylvania.</conclusion>
+<reasoning>Now I need the first president of the American Psychological Association. This is well known: the \
+psychologist G. Stanley Hall founded it and was its first president in 1892, so this needs no search.</reasoning>
+<conclusion>The first president of the American Psychological Association was G. Stanley Hall.</conclusion>
 </step>
 </think>
-<answer>Bloomsburg, Pennsylvania</answer>""",
+<answer>G. Stanley Hall</answer>""",
     ),
     (
         "Where was the director of the film Jaws born?",

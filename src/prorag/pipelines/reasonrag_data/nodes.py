@@ -19,9 +19,10 @@ from prorag.training.mcts import pair_statistics, preference_pairs, run_mcts, tr
 def select_reasonrag_questions(question_records: list[dict[str, Any]], evaluation_records: list[dict[str, Any]],
                                params: ReasonRAGDataParams) -> list[dict[str, Any]]:
     """The training questions, disjoint from the evaluated ones (checked: an overlap is an error naming it)."""
-    evaluated = {Question.from_dict(record).key for record in evaluation_records}
+    evaluated_questions = [Question.from_dict(record) for record in evaluation_records]
+    evaluated = {question.key for question in evaluated_questions}
     selected = select_questions(map(Question.from_dict, question_records), params.questions.sources,
-                                max_per_source=params.questions.max_per_source, exclude_keys=evaluated,
+                                max_per_source=params.questions.max_per_source, exclude=evaluated_questions,
                                 setting="reasonrag_data.questions.sources")
     check_disjoint([question.key for question in selected], evaluated)
     if not selected:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from prorag.agent import build_retriever
-from prorag.data import Question, select_questions
+from prorag.data import Question, select_questions, warn_non_train_splits
 from prorag.pipelines.rl.params import RLParams
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import PolicySpec, RewardSpec, TrainedAgentSpec, check_reward_protocol
@@ -18,13 +18,14 @@ from prorag.training.process_rewards import build_scorer
 
 def select_rl_questions(question_records: list[dict[str, Any]], evaluation_records: list[dict[str, Any]],
                         params: RLParams) -> list[dict[str, Any]]:
-    """The training questions; the evaluated questions are never among them."""
-    evaluation_keys = {Question.from_dict(record).key for record in evaluation_records}
+    """The training questions; the evaluated questions (by key and by text) are never among them."""
     selected = select_questions(map(Question.from_dict, question_records), params.questions.sources,
-                                max_per_source=params.questions.max_per_source, exclude_keys=evaluation_keys,
+                                max_per_source=params.questions.max_per_source,
+                                exclude=[Question.from_dict(record) for record in evaluation_records],
                                 setting="rl.questions.sources")
     if not selected:
         raise ValueError("rl.questions selects no question")
+    warn_non_train_splits(selected, "rl.questions.sources")
     return [question.to_dict() for question in selected]
 
 

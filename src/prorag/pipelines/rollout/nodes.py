@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from prorag.agent import Rollout, build_policy, build_retriever, build_runner
+from prorag.agent import Rollout, build_policy, build_retriever, build_runner, record_policy
 from prorag.data import Question, select_questions
 from prorag.pipelines.rollout.params import RolloutParams
 from prorag.retrieval import RetrievalIndex
@@ -13,10 +13,12 @@ from prorag.specs import MethodSpec, PolicySpec, TrainedAgentSpec
 
 
 def select_rollout_questions(question_records: list[dict[str, Any]], params: RolloutParams) -> list[dict[str, Any]]:
-    """The first ``max_per_source`` questions of each selected source; unknown sources are an error."""
+    """The first ``max_per_source`` questions of each selected source; unknown sources are an error. Questions of a
+    train split (e.g. ``musique_train``) are evaluation-free unless ``rollout.questions.include_train_split``."""
     questions = [Question.from_dict(record) for record in question_records]
     chosen = {question.key for question in select_questions(
         questions, params.questions.sources, max_per_source=params.questions.max_per_source,
+        exclude_split_kinds=() if params.questions.include_train_split else ("train",),
         setting="rollout.questions.sources")}
     if not chosen:
         raise ValueError("rollout.questions selects no question")
@@ -61,4 +63,4 @@ def _run_methods(methods: list[MethodSpec], question_records: list[dict[str, Any
         runner = build_runner(method, generator, retriever, top_k=params.retriever.top_k, sampling=params,
                               samples=params.samples)
         rollouts.extend(runner(questions))
-    return [rollout.to_dict() for rollout in rollouts]
+    return [rollout.to_dict() for rollout in record_policy(rollouts, policy)]

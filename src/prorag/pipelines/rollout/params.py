@@ -19,6 +19,8 @@ class QuestionSelection(StrictModel):
 
     sources: list[str] | None = None
     max_per_source: PositiveInt | None = None
+    include_train_split: bool = False
+    """Evaluate on dev/test splits only (false): questions whose ``split`` is a train split are left out."""
 
 
 class RolloutParams(SamplingSpec):

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from prorag.agent import build_policy, build_runner
+from prorag.agent import build_policy, build_runner, record_policy
 from prorag.data import Question
 from prorag.kg.extraction import ExtractionSettings, extract_triplets
 from prorag.kg.graph import KnowledgeGraph
@@ -142,9 +142,10 @@ def run_tearag_rollouts(eval_records: list[dict[str, Any]], index: RetrievalInde
     records: list[dict[str, Any]] = []
     for stage, adapter, few_shot in stages:
         method = MethodSpec(kind="agent", **{**agent, "few_shot": few_shot, "name": f"{params.agent.name}_{stage}"})
-        generator = build_policy(policy.model_copy(update={"adapter": adapter}))
+        stage_policy = policy.model_copy(update={"adapter": adapter})
+        generator = build_policy(stage_policy)
         runner = build_runner(method, generator, retriever, top_k=params.retriever.top_k,
                               sampling=params.evaluation_sampling)
-        records.extend(rollout.to_dict() for rollout in runner(questions))
+        records.extend(rollout.to_dict() for rollout in record_policy(runner(questions), stage_policy))
         del generator, runner
     return records
