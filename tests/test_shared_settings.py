@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from prorag.config import validate_parameters
 from prorag.pipeline_registry import register_pipelines
 from prorag.pipelines.parameter_schemas import PARAMETER_SCHEMAS, all_parameter_schemas
+from prorag.settings import CONFIG_LOADER_ARGS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SHARED = {"policy": "model", "agent": "protocol", "reward": "lambda_p"}
@@ -19,7 +20,7 @@ PIPELINE_SCHEMAS = ("rollout", "reward_judging", "sft_synthesis", "sft", "rl")
 
 
 def _parameters(env: str) -> dict:
-    loader = OmegaConfigLoader(str(CONF), base_env="base", default_run_env=env)
+    loader = OmegaConfigLoader(str(CONF), **{**CONFIG_LOADER_ARGS, "default_run_env": env})  # as `--env <env>`
     return loader["parameters"]
 
 
@@ -61,3 +62,47 @@ def test_an_override_of_the_reward_reaches_training_and_judging_alike():
     parsed = validate_parameters(loader["parameters"], all_parameter_schemas())
     reward = parsed["reward"]
     assert (reward.method, reward.lambda_p) == ("search_r1", 0.0)
+
+
+def _runtime_params(config: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(config.read_text())["run"]["params"]
+
+
+def test_the_multistage_paper_preset_validates_over_the_gpu_env():
+    preset = CONF.parent / "experiments" / "multistage_gpu.yml"
+    loader = OmegaConfigLoader(str(CONF), **{**CONFIG_LOADER_ARGS, "default_run_env": "gpu"},
+                               runtime_params=_runtime_params(preset))
+    parsed = validate_parameters(loader["parameters"], all_parameter_schemas())
+    trainer = parsed["rl"].trainer
+    assert (trainer.loss_type, trainer.num_generations, trainer.max_steps, trainer.learning_rate) == \
+        ("dapo", 32, 500, 1e-6)
+    assert (trainer.epsilon, trainer.epsilon_high, trainer.beta, trainer.drop_uniform_groups) == (0.2, 0.28, 0.0, True)
+    assert trainer.refill_rounds > 0 and parsed["rl"].retriever.top_k == 5
+    assert (parsed["reward"].method, parsed["agent"].protocol, parsed["agent"].step_budget) == \
+        ("multistage", "multistage", 5)
+    assert parsed["reward"].answer_judge.kind == "llm" and parsed["reward"].stage_switch_step > 0
+    assert parsed["policy"].model == "Qwen/Qwen2.5-7B-Instruct"  # conf/gpu kept where the preset is silent
+
+
+def test_hiprag_at_paper_scale_under_the_gpu_env():
+    parsed = validate_parameters(_parameters("gpu"), all_parameter_schemas())
+    rl = parsed["rl"]
+    assert (rl.init, rl.lora, rl.trainer.max_steps, rl.trainer.save_steps, rl.trainer.num_generations) == \
+        ("instruct", False, 400, 50, 5)
+    assert all(source == "musique_train" for source in rl.questions.sources)  # train splits only
+    assert {method.protocol for method in parsed["rollout"].methods if method.kind == "agent"} >= \
+        {"hiprag", "search_r1", "multistage"}
+
+
+def test_every_pipeline_finds_its_parameters_under_every_env():
+    for env in ("local", "gpu"):
+        parameters = _parameters(env)
+        for name, registered in register_pipelines().items():
+            for dataset in registered.inputs():
+                if dataset.startswith("params:"):
+                    node: object = parameters
+                    for key in dataset.removeprefix("params:").split("."):
+                        assert isinstance(node, dict) and key in node, f"{env}: {name} needs {dataset}"
+                        node = node[key]

@@ -15,6 +15,7 @@ by a user is accepted without editing this module.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Final, Literal
 
 from pydantic import Field, field_validator
@@ -53,6 +54,13 @@ class PolicySpec(StrictModel):
     dtype: Dtype = "float32"
     batch_size: PositiveInt = 8
 
+    def with_trained(self, folder: str) -> PolicySpec:
+        """This policy after training: ``folder`` is a PEFT adapter (merged into ``model``) or, from full-parameter
+        training, a model folder that replaces ``model``."""
+        if (Path(folder) / "adapter_config.json").is_file():
+            return self.model_copy(update={"adapter": folder})
+        return self.model_copy(update={"model": folder, "adapter": None})
+
 
 class RetrieverSpec(StrictModel):
     """A retriever over the built index (``kind``), or a retrieval server (``retrieval_url``), returning ``top_k``."""
@@ -89,8 +97,14 @@ class RewardSpec(StrictModel):
     lambda_p: float = Field(default=0.4, ge=0)
     beta: float = Field(default=0.3, ge=0)
     """Multi-stage: the retrieval penalty of the stage-2 answer reward."""
-    stage_switch_step: int = Field(default=0, ge=0)
-    """Multi-stage: the first training step of stage 2."""
+    stage_switch_step: int = Field(default=1, ge=0)
+    """Multi-stage: the first training step of stage 2 (eq. 11); steps before it use stage 1 (eq. 10). The paper
+    gives no switch point, so it is an explicit setting; 0 is stage 2 from the start — the paper's "w/o stage one"
+    ablation — and is logged as such. Evaluation judges with stage 2."""
+    answer_judge: JudgeSpec = JudgeSpec()
+    """Multi-stage: answer correctness. ``llm`` is the paper's LLM-as-a-judge (LasJ, its answer prompt);
+    ``reference`` is cover exact match, the embedded default's fallback. An unknown verdict counts as incorrect
+    (never rewarded) and shows as ``answer_unknown_rate``."""
     reask_max_new_tokens: PositiveInt = 48
     """Tokens the policy may write when a search step's query is re-asked alone (over-search detection, §3.2)."""
     over_search_judge: JudgeSpec = JudgeSpec()

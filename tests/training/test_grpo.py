@@ -35,7 +35,7 @@ from prorag.training.grpo import (
     grpo_dataset,
     train_grpo_lora,
 )
-from prorag.training.process_rewards import RewardSettings, RolloutScorer
+from prorag.training.process_rewards import RewardSettings, RolloutScorer, ScoredBatch, batch_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "data" / "01_raw"
@@ -190,6 +190,22 @@ def test_training_logs_agent_metrics_to_mlflow_and_saves_the_adapter(questions, 
     assert [point.step for point in client.get_metric_history(run.info.run_id, "rl.reward")] == [1, 2]
 
 
+def test_the_multistage_stage_switch_shows_in_the_mlflow_step_metrics(questions, retriever, tmp_path, mlflow_uri,
+                                                                      one_torch_thread):
+    from prorag.retrieval.embedder import load_embedder
+
+    scorer = RolloutScorer(RewardSettings(method="multistage", stage_switch_step=2),
+                           embed=load_embedder("hashing:64").encode_queries)
+    function = AgentRolloutFunction(questions, retriever, scorer, AgentSpec(**TINY_AGENT, protocol="multistage"),
+                                    seed=0, batch_size=4)
+    with mlflow.start_run() as run:
+        train_grpo_lora(BUNDLED_TINY_LLAMA, questions, function, tmp_path,
+                        _settings(max_steps=3, save_steps=3), callbacks=[MlflowStepMetrics("rl")])
+    stages = mlflow.tracking.MlflowClient().get_metric_history(run.info.run_id, "rl.agent/stage")
+    # TRL logs after the optimizer step: logged step k trained on the rollouts of global step k - 1
+    assert [(point.step, point.value) for point in stages] == [(1, 1.0), (2, 1.0), (3, 2.0)]
+
+
 def test_dynamic_sampling_drops_groups_whose_rewards_are_equal(questions, rollout_function, tmp_path):
     trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path,
                                  _settings(drop_uniform_groups=True))
@@ -204,6 +220,40 @@ def test_dynamic_sampling_drops_groups_whose_rewards_are_equal(questions, rollou
                    "num_items_in_batch": torch.tensor(8)}
     trainer._drop_uniform_groups(all_uniform)
     assert all_uniform["completion_mask"].sum() == 8  # nothing would remain: kept (its loss is zero anyway)
+
+
+class KeyedScorer:
+    """A scorer whose rewards vary within a group only for one question (the others' groups are uniform)."""
+
+    settings = RewardSettings(method="search_r1")
+
+    def __init__(self, varied_key: str | None) -> None:
+        self.varied_key = varied_key  # None: every group varies
+
+    def score(self, rollouts, policy, step=0):
+        totals = [float(position % 2) if self.varied_key in (None, rollout.question_key) else 0.0
+                  for position, rollout in enumerate(rollouts)]
+        zeros = [0.0] * len(rollouts)
+        return ScoredBatch({"outcome": totals, "format": zeros, "process": zeros}, totals,
+                           batch_stats(rollouts, None), None, [None] * len(rollouts))
+
+
+def test_dapo_refill_replaces_uniform_groups_with_newly_drawn_questions(questions, retriever, tmp_path,
+                                                                        one_torch_thread):
+    function = AgentRolloutFunction(questions, retriever, KeyedScorer(questions[3].key), AGENT, seed=0,
+                                    batch_size=4, refill_rounds=2)
+    trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, function, tmp_path, _settings(refill_rounds=2))
+    prompts = [questions[0].question] * 2 + [questions[1].question] * 2
+    output = function(prompts, trainer)
+    keys = [rollout.question_key for rollout in function.last_rollouts]
+    assert keys[0] == keys[1] and keys[2] == keys[3]  # whole groups were replaced
+    assert questions[3].key in keys and questions[0].key not in keys and questions[1].key not in keys
+    varied = keys.index(questions[3].key)
+    assert output["reward_outcome"][varied:varied + 2] == [0.0, 1.0]
+    assert function.last_refill == {"dapo/uniform_groups_drawn": 2.0, "dapo/refilled_groups": 2.0,
+                                    "dapo/refill_rounds": 1.0, "dapo/uniform_groups_left": 1.0}
+    assert output["prompt_ids"][varied] == function.last_rollouts[varied].prompt_token_ids
+    assert trainer._metrics["train"]["dapo/refilled_groups"] == [2.0]
 
 
 def test_grpo_dataset_has_the_prompt_column_and_drops_duplicate_texts(questions):
@@ -236,3 +286,21 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, one_torch_threa
     assert [entry["step"] for entry in history if "loss" in entry] == [1, 2, 3]  # the log continues too
     assert json.loads((out / COMPLETED_MARKER).read_text()) == {"global_step": 3}
     assert (out / "adapter" / "adapter_config.json").is_file()
+
+
+def test_full_parameter_training_from_the_instruct_model_saves_a_loadable_model(questions, retriever, tmp_path,
+                                                                                 one_torch_thread):
+    from prorag.agent import build_policy
+    from prorag.specs import PolicySpec
+
+    function = AgentRolloutFunction(questions, retriever, KeyedScorer(None), AGENT, seed=0, batch_size=4)
+    folder, history = train_grpo_lora(BUNDLED_TINY_LLAMA, questions, function, tmp_path,
+                                      _settings(max_steps=1, save_steps=1), full_parameters=True)
+    assert (folder / "config.json").is_file() and not (folder / "adapter_config.json").exists()
+    policy = PolicySpec(model=BUNDLED_TINY_LLAMA, batch_size=2).with_trained(str(folder))
+    assert (policy.model, policy.adapter) == (str(folder), None)
+    trained = build_policy(policy)
+    base = TransformersGenerator(BUNDLED_TINY_LLAMA, batch_size=2)
+    changed = [not torch.equal(a, b) for a, b in zip(trained.model.parameters(), base.model.parameters(), strict=True)]
+    assert any(changed)  # weights outside any adapter moved (learning rate 1e-3, one step)
+    assert [entry["step"] for entry in history if "loss" in entry] == [1]

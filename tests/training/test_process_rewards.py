@@ -128,3 +128,69 @@ def test_batch_stats_are_ratios_of_sums():
     assert stats["retrieval_count"] == (2.0, 3.0)
     assert stats["steps"] == (4.0, 2.0)  # well-formed rollouts only
     assert stats["search_ratio"] == (2.0, 4.0)
+
+
+class AnswerJudgeModel:
+    """Plays the multi-stage paper's LLM judge over the project's server: YES for a prediction naming Cincinnati,
+    NO for Denver, a reply without a verdict for anything else."""
+
+    def __init__(self) -> None:
+        self.tokenizer = _CharTokenizer()
+
+    def apply_chat_template(self, messages) -> str:
+        return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+
+    def generate(self, prompts, params):
+        from prorag.llm.generation import Completion
+
+        results = []
+        for prompt in prompts:
+            text = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+            prediction = text.split("Prediction:")[-1].split("\n")[0].lower()
+            reply = "YES" if "cincinnati" in prediction else "NO" if "denver" in prediction else "It depends."
+            ids = self.tokenizer(reply)["input_ids"]
+            results.append([Completion(text=reply, token_ids=ids, logprobs=None, finish_reason="stop", stop=None,
+                                       prompt_tokens=len(text))] * params.n)
+        return results
+
+
+class _CharTokenizer:
+    def __len__(self) -> int:
+        return 0x110000
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": [ord(char) for char in text]}
+
+    def decode(self, ids, **_: object) -> str:
+        return "".join(chr(token) for token in ids)
+
+
+def test_multistage_answers_are_judged_by_the_llm_judge_and_unknown_is_never_correct(policy):
+    from prorag.serving import create_app, serve_in_thread
+
+    url, stop = serve_in_thread(create_app(AnswerJudgeModel(), "judge", max_batch_size=8, batch_wait_ms=2))
+    try:
+        with LLMJudge(url, "judge", "EMPTY", max_retries=0) as judge:
+            scorer = RolloutScorer(RewardSettings(method="multistage", stage_switch_step=1),
+                                   embed=load_embedder("hashing:64").encode_queries, answer_judge=judge)
+            unsure = _rollout("unsure", ROLLOUTS[0].steps, "a city in Ohio")  # CEM would also say wrong
+            batch = [ROLLOUTS[0], ROLLOUTS[2], unsure, ROLLOUTS[1]]  # correct, wrong, unparsable verdict, no answer
+            assert scorer.answers_correct(batch) == [True, False, None, False]
+            stage1, stage2 = scorer.score(batch, policy, step=0), scorer.score(batch, policy, step=1)
+    finally:
+        stop()
+    assert stage1.stats["stage"] == (4.0, 4.0) and stage2.stats["stage"] == (8.0, 4.0)  # stage 1, then stage 2
+    assert stage1.stats["answer_correct"] == (1.0, 4.0)
+    assert stage1.stats["answer_unknown_rate"] == (1.0, 4.0)
+    # the unknown verdict is rewarded as a wrong answer: stage 2 gives -1 (eq. 11), never 1 - β·RC
+    assert stage2.components["answer"][2] == -1.0
+    assert stage2.components["answer"][0] == pytest.approx(1.0 - 0.3 * 2)
+
+
+def test_stage_switch_zero_is_the_stage_two_only_ablation_and_says_so(caplog):
+    settings = RewardSettings(method="multistage", stage_switch_step=0)
+    assert settings.stage(0) == 2
+    assert RewardSettings(method="multistage").stage(0) == 1  # the default switches after a stage-1 step
+    with caplog.at_level("WARNING"):
+        RolloutScorer(settings, embed=load_embedder("hashing:64").encode_queries)
+    assert "w/o stage one" in caplog.text

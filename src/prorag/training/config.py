@@ -58,6 +58,10 @@ class GRPOSettings(StrictModel):
     scale_rewards: Literal["group", "batch", "none"] = "group"
     drop_uniform_groups: bool = False
     """DAPO's dynamic sampling: leave groups whose rewards are all equal out of the loss."""
+    refill_rounds: int = Field(default=0, ge=0)
+    """DAPO's dynamic sampling with refill: up to this many rounds of replacing each uniform-reward group by the
+    group of a newly drawn training question before the loss (0: no refill; what stays uniform is dropped when
+    ``drop_uniform_groups``)."""
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     """Rollout sampling (the rollout function's; TRL's own generation is replaced by it)."""

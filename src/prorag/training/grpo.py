@@ -16,8 +16,9 @@
 * :class:`AgentGRPOTrainer` adds the agent statistics (format rate, CEM, OSR, USR, search ratio, retrievals,
   unknown-judge rate, tokens) to TRL's logged metrics, summed over processes before the ratio is taken, and
   DAPO's dynamic sampling filter when ``drop_uniform_groups`` is set (TRL 1.16 has none): groups whose rewards
-  are all equal are removed from the loss and its token normalizer. DAPO also over-samples to refill the batch;
-  here the batch just shrinks, and ``dapo/dropped_group_fraction`` says by how much.
+  are all equal are removed from the loss and its token normalizer, and ``dapo/dropped_group_fraction`` says how
+  many. DAPO's refill (``refill_rounds``) happens before, in the rollout function: each uniform group is replaced
+  by the group of a newly drawn training question, for a bounded number of rounds (``dapo/refilled_groups``).
 * :func:`train_grpo_lora` trains a LoRA adapter (a fresh one, or continuing a given one such as the SFT adapter),
   with checkpoints every ``save_steps`` and resumption from the last checkpoint of an unfinished run.
 """
@@ -28,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -45,11 +47,13 @@ from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_en
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.specs import AgentSpec, SamplingSpec
 from prorag.training.config import GRPOSettings
+from prorag.training.process_rewards import ScoredBatch, batch_stats
 from prorag.training.trl_private import GRPOTrainerHooks
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
+    from prorag.agent.engine import RolloutEngine
     from prorag.agent.trajectory import Rollout
     from prorag.data.records import Question
     from prorag.retrieval.base import Retriever
@@ -106,7 +110,7 @@ class AgentRolloutFunction:
 
     def __init__(self, questions: Sequence[Question], retriever: Retriever, scorer: RolloutScorer, agent: AgentSpec,
                  *, top_k: int = 3, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
-                 policy_server: PolicyServer | None = None) -> None:
+                 policy_server: PolicyServer | None = None, refill_rounds: int = 0) -> None:
         self._questions: dict[str, Question] = {}
         for question in questions:
             known = self._questions.setdefault(question.question, question)
@@ -121,7 +125,10 @@ class AgentRolloutFunction:
         self.seed = seed
         self.batch_size = batch_size
         self.policy_server = policy_server
+        self.refill_rounds = refill_rounds
+        """DAPO dynamic sampling with refill: rounds of re-drawing groups whose rewards are all equal."""
         self.last_rollouts: list[Rollout] = []
+        self.last_refill: dict[str, float] = {}
 
     @property
     def reward_components(self) -> tuple[str, ...]:
@@ -136,8 +143,12 @@ class AgentRolloutFunction:
                                   sampling=self.sampling.model_copy(update={"seed": seed}), progress=False)
             rollouts = engine.run(questions)
             scored = self.scorer.score(rollouts, generator, step=step)
+            if self.refill_rounds:
+                rollouts, scored = self._refill(questions, rollouts, scored, engine, generator, trainer, seed)
         if isinstance(trainer, AgentGRPOTrainer):
             trainer.record_rollout_stats(scored.stats)
+            for name, value in self.last_refill.items():
+                trainer.log_metric(name, value)
         self.last_rollouts = rollouts
         completions = [_completion_arrays(rollout) for rollout in rollouts]
         return {
@@ -147,6 +158,58 @@ class AgentRolloutFunction:
             "env_mask": [mask for _, _, mask in completions],
             **{REWARD_FIELD_PREFIX + name: values for name, values in scored.components.items()},
         }
+
+    def _refill(self, questions: list[Question], rollouts: list[Rollout], scored: ScoredBatch, engine: RolloutEngine,
+                generator: Generator, trainer: GRPOTrainer, seed: int) -> tuple[list[Rollout], ScoredBatch]:
+        """DAPO's dynamic sampling with refill: a group whose rewards are all equal has zero advantage and teaches
+        nothing, so it is replaced by the group of a newly drawn training question (not in the batch), for up to
+        ``refill_rounds`` rounds; what is still uniform then is left to ``drop_uniform_groups``.
+
+        The groups are TRL's: ``num_generations`` consecutive copies of one prompt. A local batch that is not whole
+        groups is left as it is (logged).
+        """
+        size = int(trainer.num_generations)
+        groups = len(questions) // size
+        if len(questions) % size or any(len({q.key for q in questions[g * size:(g + 1) * size]}) != 1
+                                        for g in range(groups)):
+            logger.warning("DAPO refill skipped: %d local prompts are not whole groups of %d", len(questions), size)
+            return rollouts, scored
+        rng = random.Random(seed)
+        pool = list(self._questions.values())
+        rollouts, totals = list(rollouts), list(scored.totals)
+        components = {name: list(values) for name, values in scored.components.items()}
+        verdicts = list(scored.verdicts) if scored.verdicts is not None else None
+        uniform_at_start = refilled = rounds = 0
+        tried: set[str] = set()  # a question whose group was drawn once is not drawn again for this batch
+        for round_index in range(self.refill_rounds + 1):
+            uniform = uniform_groups(totals, size)
+            if round_index == 0:
+                uniform_at_start = len(uniform)
+            tried.update(rollout.question_key for rollout in rollouts)
+            candidates = [question for question in pool if question.key not in tried]
+            if not uniform or round_index == self.refill_rounds or not candidates:
+                break
+            rounds += 1
+            drawn = rng.sample(candidates, min(len(uniform), len(candidates)))
+            uniform = uniform[:len(drawn)]
+            new_questions = [question for question in drawn for _ in range(size)]
+            new_rollouts = engine.run(new_questions)
+            new_scored = self.scorer.score(new_rollouts, generator, step=int(trainer.state.global_step))
+            for slot, group in enumerate(uniform):
+                for offset in range(size):
+                    target, source = group * size + offset, slot * size + offset
+                    rollouts[target] = new_rollouts[source]
+                    totals[target] = new_scored.totals[source]
+                    for name in components:
+                        components[name][target] = new_scored.components[name][source]
+                    if verdicts is not None and new_scored.verdicts is not None:
+                        verdicts[target] = new_scored.verdicts[source]
+            refilled += len(uniform)
+        self.last_refill = {"dapo/uniform_groups_drawn": float(uniform_at_start),
+                            "dapo/refilled_groups": float(refilled), "dapo/refill_rounds": float(rounds),
+                            "dapo/uniform_groups_left": float(len(uniform_groups(totals, size)))}
+        stats = {**scored.stats, **batch_stats(rollouts, verdicts)}
+        return rollouts, ScoredBatch(components, totals, stats, verdicts, [None] * len(rollouts))
 
     @contextlib.contextmanager
     def _policy(self, trainer: GRPOTrainer) -> Iterator[Generator]:
@@ -167,6 +230,12 @@ class AgentRolloutFunction:
         if text is None or text not in self._questions:
             raise KeyError(f"prompt {str(prompt)[:80]!r} is not one of the rollout function's training questions")
         return self._questions[text]
+
+
+def uniform_groups(totals: Sequence[float], size: int) -> list[int]:
+    """Indices of the consecutive groups of ``size`` rewards whose rewards are all equal (zero advantage)."""
+    return [group for group in range(len(totals) // size)
+            if max(totals[group * size:(group + 1) * size]) - min(totals[group * size:(group + 1) * size]) < 1e-8]
 
 
 def _completion_arrays(rollout: Rollout) -> tuple[list[int], list[float], list[int]]:
@@ -267,12 +336,13 @@ def grpo_dataset(questions: Sequence[Question]) -> Any:
 
 def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], questions: Sequence[Question],
                        rollout_function: AgentRolloutFunction, checkpoint_dir: str | Path, settings: GRPOSettings, *,
-                       adapter_dir: str | Path | None = None,
+                       adapter_dir: str | Path | None = None, full_parameters: bool = False,
                        callbacks: list[TrainerCallback] | None = None) -> AgentGRPOTrainer:
     """An :class:`AgentGRPOTrainer` training a LoRA policy with ``rollout_function`` (see :func:`train_grpo_lora`).
 
     ``model`` is a registry spec or a loaded ``(model, tokenizer)``. ``adapter_dir`` continues training an
-    existing adapter (e.g. the SFT one) instead of a fresh LoRA (``settings.lora``).
+    existing adapter (e.g. the SFT one) instead of a fresh LoRA (``settings.lora``). ``full_parameters`` trains
+    every weight instead (HiPRAG's setting); a given adapter is then merged into the model first.
     """
     from peft import LoraConfig, PeftModel
 
@@ -280,7 +350,10 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
 
     policy, tokenizer = load_causal_lm(model, dtype=settings.dtype) if isinstance(model, str) else model
     peft_config = None
-    if adapter_dir is not None:
+    if full_parameters:
+        if adapter_dir is not None:
+            policy = PeftModel.from_pretrained(policy, str(adapter_dir)).merge_and_unload()
+    elif adapter_dir is not None:
         policy = PeftModel.from_pretrained(policy, str(adapter_dir), is_trainable=True)
     else:
         lora = settings.lora
@@ -321,8 +394,8 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
 
 def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], questions: Sequence[Question],
                     rollout_function: AgentRolloutFunction, output_dir: str | Path, settings: GRPOSettings, *,
-                    adapter_dir: str | Path | None = None, callbacks: list[TrainerCallback] | None = None,
-                    ) -> tuple[Path, list[dict[str, Any]]]:
+                    adapter_dir: str | Path | None = None, full_parameters: bool = False,
+                    callbacks: list[TrainerCallback] | None = None) -> tuple[Path, list[dict[str, Any]]]:
     """Train with :func:`build_grpo_trainer`; save only the adapter, to ``output_dir / "adapter"``.
 
     Checkpoints go to ``output_dir / "checkpoints"`` every ``save_steps``. With ``settings.resume``, an unfinished
@@ -334,7 +407,7 @@ def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
     output = Path(output_dir)
     checkpoints = output / "checkpoints"
     trainer = build_grpo_trainer(model, questions, rollout_function, checkpoints, settings, adapter_dir=adapter_dir,
-                                 callbacks=callbacks)
+                                 full_parameters=full_parameters, callbacks=callbacks)
     if trainer.accelerator.is_main_process:  # under `accelerate launch` only the main process edits the folder
         if (output / COMPLETED_MARKER).exists():
             logger.info("%s holds a finished run: starting afresh", output)
@@ -347,8 +420,10 @@ def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
         logger.info("resuming GRPO from %s", last)
     trainer.train(resume_from_checkpoint=last)
     adapter = output / "adapter"
-    trainer.save_model(str(adapter))  # the adapter only (PEFT), gathered under ZeRO-3, written by the main process
+    trainer.save_model(str(adapter))  # the adapter only (PEFT) or the full model, gathered under ZeRO-3
     if trainer.accelerator.is_main_process:
+        if full_parameters:  # a loadable model folder: the rollouts load it as the model
+            trainer.processing_class.save_pretrained(str(adapter))
         (output / COMPLETED_MARKER).write_text(json.dumps({"global_step": trainer.state.global_step}))
     trainer.accelerator.wait_for_everyone()
     logger.info("saved the GRPO LoRA adapter to %s after %d steps", adapter, trainer.state.global_step)

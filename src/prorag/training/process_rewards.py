@@ -20,6 +20,7 @@ before the ratio is taken (OSR and USR are ratios of sums, eq. 2).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal, get_args
@@ -45,6 +46,8 @@ REWARD_METHODS: Final[tuple[str, ...]] = get_args(RewardMethod)
 HIPRAG_COMPONENTS: Final = ("outcome", "format", "process")
 MULTISTAGE_COMPONENTS: Final = ("answer", "search", "format")
 
+logger = logging.getLogger(__name__)
+
 Ratio = tuple[float, float]
 """A statistic as ``(numerator, denominator)``."""
 
@@ -58,8 +61,8 @@ class RewardSettings:
     lambda_p: float = 0.4
     beta: float = 0.3
     """Multi-stage: the retrieval penalty of the stage-2 answer reward."""
-    stage_switch_step: int = 0
-    """Multi-stage: the first training step of stage 2."""
+    stage_switch_step: int = 1
+    """Multi-stage: the first training step of stage 2 (0: stage 2 only, the paper's "w/o stage one" ablation)."""
     judge_for_metrics: bool = False
     """Run detection even when the reward does not need it (search_r1, multistage), to log OSR/USR."""
     reask_max_new_tokens: int = 48
@@ -76,6 +79,10 @@ class RewardSettings:
         return cls(method=spec.method, lambda_f=spec.lambda_f, lambda_p=spec.lambda_p, beta=spec.beta,
                    stage_switch_step=spec.stage_switch_step, judge_for_metrics=judge_for_metrics,
                    reask_max_new_tokens=spec.reask_max_new_tokens)
+
+    def stage(self, step: int) -> int:
+        """The multi-stage stage of a training step: 1 before ``stage_switch_step``, 2 from it on."""
+        return 1 if step < self.stage_switch_step else 2
 
     @property
     def effective_lambda_p(self) -> float:
@@ -111,7 +118,8 @@ class RolloutScorer:
     """Reward a batch of rollouts with one method (see the module docstring)."""
 
     def __init__(self, settings: RewardSettings, over_judge: Judge | None = None, under_judge: Judge | None = None,
-                 embed: Callable[[Sequence[str]], np.ndarray] | None = None) -> None:
+                 embed: Callable[[Sequence[str]], np.ndarray] | None = None, answer_judge: Judge | None = None,
+                 ) -> None:
         if settings.needs_detection and (over_judge is None or under_judge is None):
             raise ValueError(f"reward method {settings.method!r} needs an over-search and an under-search judge")
         if settings.method == "multistage" and embed is None:
@@ -120,6 +128,11 @@ class RolloutScorer:
         self.over_judge = over_judge
         self.under_judge = under_judge
         self.embed = embed
+        self.answer_judge = answer_judge
+        """Multi-stage answer correctness (LasJ); None: cover exact match."""
+        if settings.method == "multistage" and settings.stage_switch_step == 0:
+            logger.warning("reward.stage_switch_step is 0: stage 2 from the first step (the paper's 'w/o stage one' "
+                           "ablation)")
 
     def score(self, rollouts: Sequence[Rollout], policy: Generator, step: int = 0) -> ScoredBatch:
         """Score ``rollouts``; ``policy`` answers the re-asked queries; ``step`` picks the multi-stage stage."""
@@ -133,10 +146,11 @@ class RolloutScorer:
         components: dict[str, list[float]] = {name: [] for name in settings.components}
         totals: list[float] = []
         optimal: list[OptimalCount | None] = []
-        stage = 1 if step < settings.stage_switch_step else 2
+        stage = settings.stage(step)
+        correctness = self.answers_correct(rollouts) if settings.method == "multistage" else []
         for index, rollout in enumerate(rollouts):
             if settings.method == "multistage":
-                correct = bool(cover_exact_match(rollout.answer, rollout.golden_answers))
+                correct = correctness[index] is True  # unknown (None) is never rewarded as correct
                 result = multistage_reward(rollout.completion, correct, stage, beta=settings.beta, embed=self.embed,
                                            queries=rollout.queries, retrieval_count=rollout.retrieval_count)
                 values = {"answer": result.answer, "search": result.search, "format": result.format}
@@ -153,7 +167,27 @@ class RolloutScorer:
             for name in settings.components:
                 components[name].append(float(values[name]))
             totals.append(float(total))
-        return ScoredBatch(components, totals, batch_stats(rollouts, verdicts), verdicts, optimal)
+        stats = batch_stats(rollouts, verdicts)
+        if settings.method == "multistage":
+            count = float(len(rollouts))
+            stats["stage"] = (float(stage) * count, count)
+            stats["answer_correct"] = (float(sum(value is True for value in correctness)), count)
+            stats["answer_unknown_rate"] = (float(sum(value is None for value in correctness)), count)
+        return ScoredBatch(components, totals, stats, verdicts, optimal)
+
+    def answers_correct(self, rollouts: Sequence[Rollout]) -> list[bool | None]:
+        """Each rollout's answer judged against its golden answers: the answer judge's verdict (None: unknown, and
+        a rollout without an answer is incorrect without asking), or cover exact match without a judge."""
+        if self.answer_judge is None:
+            return [bool(cover_exact_match(rollout.answer, rollout.golden_answers)) for rollout in rollouts]
+        asked = [index for index, rollout in enumerate(rollouts) if rollout.answer and rollout.answer.strip()]
+        verdicts = self.answer_judge.answer_correct(
+            [(rollouts[index].question, tuple(rollouts[index].golden_answers), str(rollouts[index].answer))
+             for index in asked]) if asked else []
+        correct: list[bool | None] = [False] * len(rollouts)
+        for index, verdict in zip(asked, verdicts, strict=True):
+            correct[index] = verdict.value
+        return correct
 
 
 def build_scorer(spec: RewardSpec, index: RetrievalIndex, *, judge_for_metrics: bool = False) -> RolloutScorer:
@@ -169,7 +203,10 @@ def build_scorer(spec: RewardSpec, index: RetrievalIndex, *, judge_for_metrics: 
         over_judge, under_judge = (build_judge(**judge.model_dump(), retriever=retriever)
                                    for judge in (spec.over_search_judge, spec.under_search_judge))
     embed = index.embedder.encode_queries if spec.method == "multistage" else None
-    return RolloutScorer(settings, over_judge, under_judge, embed=embed)
+    answer_judge = None
+    if spec.method == "multistage" and spec.answer_judge.kind == "llm":
+        answer_judge = build_judge(**spec.answer_judge.model_dump())
+    return RolloutScorer(settings, over_judge, under_judge, embed=embed, answer_judge=answer_judge)
 
 
 def batch_stats(rollouts: Sequence[Rollout], verdicts: Sequence[StepVerdicts] | None) -> dict[str, Ratio]:

@@ -108,3 +108,18 @@ def test_registry_composes_train():
     train = {node.name for node in pipelines["train"].nodes}
     assert {"load_question_files", "build_index", "run_rollouts", "evaluate_trajectories",
             "judge_trajectories"} <= train
+
+
+def test_every_registered_protocol_is_a_selectable_evaluation_method(questions, index):
+    from prorag.protocol.registry import protocol_names
+
+    methods = [{"name": f"{name}_agent", "kind": "agent", "protocol": name, "step_budget": 1,
+                "max_new_tokens_per_turn": 8, "max_total_new_tokens": 16, "few_shot": False}
+               for name in protocol_names()]
+    params = _rollout_params(methods=methods, questions={"sources": ["hotpotqa"], "max_per_source": 1})
+    trajectories = run_rollouts(select_rollout_questions(questions, params), index, params, TINY_POLICY)
+    assert {t["protocol"] for t in trajectories} == set(protocol_names()) >= {"hiprag", "multistage", "reasonrag"}
+    table, _ = evaluate_trajectories(trajectories)
+    assert {f"{name}_agent" for name in protocol_names()} <= set(table["method"])
+    _, rewards, metrics = judge_trajectories(trajectories, index, RewardJudgingParams(), RewardSpec(), TINY_POLICY)
+    assert "multistage_agent" in metrics and len(rewards) == len(trajectories)

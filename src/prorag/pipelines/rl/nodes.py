@@ -31,8 +31,9 @@ def select_rl_questions(question_records: list[dict[str, Any]], evaluation_recor
 
 def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_adapter: str, params: RLParams,
              policy: PolicySpec, agent: TrainedAgentSpec, reward: RewardSpec) -> tuple[str, list[dict[str, Any]]]:
-    """Continue the SFT adapter of ``policy.model`` with GRPO; returns the adapter folder and the training log (one
-    entry per step).
+    """GRPO on ``policy.model``: continuing the SFT adapter (``rl.init: sft``) or from the instruct model itself
+    (``instruct``), as a LoRA adapter or with every parameter (``rl.lora: false``); returns the trained adapter (or
+    full model) folder and the training log (one entry per step).
 
     The agent (protocol, budgets) and the reward with its judges are the shared ``agent`` and ``reward`` blocks,
     which the trained-policy rollouts and reward judging read too. Every logged step goes to the active MLflow run
@@ -49,11 +50,13 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
     rollout_function = AgentRolloutFunction(
         questions, build_retriever(params.retriever, index), scorer, agent, top_k=params.retriever.top_k,
         temperature=trainer.temperature, top_p=trainer.top_p, seed=trainer.seed,
-        batch_size=params.generation_batch_size,
+        batch_size=params.generation_batch_size, refill_rounds=trainer.refill_rounds,
         policy_server=PolicyServer(**params.policy_server.model_dump()) if params.policy_server else None)
-    run_dir = Path(params.run_root) / run_fingerprint(params, sft_adapter, questions, policy, agent, reward)
+    start = sft_adapter if params.init == "sft" else None
+    run_dir = Path(params.run_root) / run_fingerprint(params, start or "", questions, policy, agent, reward)
     adapter, history = train_grpo_lora(policy.model, questions, rollout_function, run_dir, trainer,
-                                       adapter_dir=sft_adapter, callbacks=[MlflowStepMetrics("rl")])
+                                       adapter_dir=start, full_parameters=not params.lora,
+                                       callbacks=[MlflowStepMetrics("rl")])
     steps = [{key: value for key, value in entry.items() if isinstance(value, int | float)}
              for entry in history if "step" in entry]
     return str(adapter), steps
@@ -64,6 +67,6 @@ def run_fingerprint(params: RLParams, sft_adapter: str, questions: list[Question
     """A short hash of everything that determines a training run (the checkpoint folder's name)."""
     payload = {"rl": params.model_dump(exclude={"trainer": {"resume"}, "policy_server": True}),
                "model": policy.model, "agent": agent.model_dump(exclude={"name"}), "reward": reward.model_dump(),
-               "sft_adapter": str(Path(sft_adapter)),
+               "sft_adapter": str(Path(sft_adapter)) if sft_adapter else None,
                "questions": [question.key for question in questions]}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -7,6 +7,8 @@ blocks, so what RL optimizes is what evaluation measures.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from prorag.config import StrictModel
@@ -37,6 +39,12 @@ class RLParams(StrictModel):
     """``rl`` parameters."""
 
     questions: RLQuestions = RLQuestions()
+    init: Literal["sft", "instruct"] = "sft"
+    """Start from the SFT policy (the embedded default: SmolLM2 cannot follow the format without SFT) or from the
+    instruct model itself, as HiPRAG trains (conf/gpu)."""
+    lora: bool = True
+    """Train a LoRA adapter (true) or every parameter, as the paper (false; the saved policy is then a full model
+    folder, which the RL-policy rollouts load as the model)."""
     trainer: GRPOSettings = GRPOSettings()
     """TRL GRPOConfig names (:class:`prorag.training.config.GRPOSettings`)."""
     retriever: RetrieverSpec = RetrieverSpec()

@@ -34,10 +34,10 @@ def run_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex, 
 def run_trained_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex, adapter_dir: str,
                          params: RolloutParams, policy: PolicySpec, agent: TrainedAgentSpec,
                          stage: str) -> list[dict[str, Any]]:
-    """The trained agent (the ``agent`` block SFT and RL trained) with the ``stage`` adapter merged into the policy;
-    its rollouts are named ``<agent.name>_<stage>``."""
+    """The trained agent (the ``agent`` block SFT and RL trained) with the ``stage`` adapter merged into the policy
+    (or the ``stage`` model, after full-parameter training); its rollouts are named ``<agent.name>_<stage>``."""
     method = MethodSpec(kind="agent", **{**agent.model_dump(), "name": f"{agent.name}_{stage}"})
-    return _run_methods([method], question_records, index, params, policy.model_copy(update={"adapter": adapter_dir}))
+    return _run_methods([method], question_records, index, params, policy.with_trained(adapter_dir))
 
 
 def concat_trajectories(*trajectory_sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
