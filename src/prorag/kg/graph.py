@@ -27,6 +27,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from prorag.data.jsonl import DataFileError, iter_jsonl
 from prorag.kg.extraction import ExtractedTriplet
 from prorag.kg.parsing import entity_key, relation_key
 from prorag.retrieval.base import RetrievalError
@@ -246,19 +247,13 @@ def load_knowledge_graph(path: str | os.PathLike[str]) -> KnowledgeGraph:
 
 
 def _read_rows(path: Path, kind: type) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise RetrievalError(f"{path}: not found")
-    rows = []
+    rows: list[dict[str, Any]] = []
     allowed = set(kind.__dataclass_fields__)
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise RetrievalError(f"{path}:{number}: malformed JSON ({error.msg})") from error
-            if not isinstance(row, dict) or set(row) - allowed or row.get("id") != len(rows):
+    try:
+        for number, row in iter_jsonl(path):  # file:line errors for missing files, bad UTF-8 and bad JSON
+            if set(row) - allowed or row.get("id") != len(rows):
                 raise RetrievalError(f"{path}:{number}: expected a {kind.__name__} record with id {len(rows)}")
             rows.append(row)
+    except DataFileError as error:
+        raise RetrievalError(str(error)) from error
     return rows
