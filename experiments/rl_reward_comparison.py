@@ -51,15 +51,20 @@ def run_arm(name: str, overrides: dict[str, object]) -> dict[str, object]:
         session_id = session.session_id
         session.run(pipeline_names=["train_rl"])
     seconds = time.perf_counter() - started
-    runs = mlflow.search_runs(search_all_experiments=True, filter_string=f"tags.`kedro.session_id` = '{session_id}'",
-                              output_format="list")
-    if not runs:
+    # the kedro run's parent MLflow run, its rl stage run (training curves) and the RL policy's method run
+    wanted = {"pipeline": None, "stage": "rl", "method": METHOD}  # prorag.kind -> its prorag.stage / prorag.method
+    runs = {kind: run for run in mlflow.search_runs(
+                search_all_experiments=True, output_format="list",
+                filter_string=f"tags.`kedro.session_id` = '{session_id}'")
+            if (kind := run.data.tags.get("prorag.kind")) in wanted
+            and wanted[kind] in (None, run.data.tags.get("prorag.stage" if kind == "stage" else "prorag.method"))}
+    if "pipeline" not in runs:
         raise RuntimeError(f"no MLflow run tagged with session {session_id}")
-    run = runs[0]
-    metrics = run.data.metrics
+    run = runs["pipeline"]
+    metrics = runs["method"].data.metrics if "method" in runs else {}
     client = mlflow.tracking.MlflowClient()
-    curve = [point.value for point in sorted(client.get_metric_history(run.info.run_id, "rl.reward"),
-                                             key=lambda point: point.step)]
+    curve = [point.value for point in sorted(client.get_metric_history(runs["stage"].info.run_id, "rl.reward"),
+                                             key=lambda point: point.step)] if "stage" in runs else []
 
     def pick(*names: str) -> float:
         for key in names:
@@ -71,12 +76,12 @@ def run_arm(name: str, overrides: dict[str, object]) -> dict[str, object]:
     return {
         "arm": name, "mlflow_run_id": run.info.run_id,
         "lambda_p": float(logged_lambda_p if logged_lambda_p is not None else overrides["reward.lambda_p"]),
-        "cem": pick(f"evaluation.{METHOD}.all.cem"),
-        "format_rate": pick(f"evaluation.{METHOD}.all.format_rate"),
-        "avg_retrievals": pick(f"evaluation.{METHOD}.all.avg_retrieval_count"),
-        "osr": pick(f"judge.{METHOD}.osr"), "usr": pick(f"judge.{METHOD}.usr"),
-        "search_ratio": pick(f"judge.{METHOD}.search_ratio"), "unknown_rate": pick(f"judge.{METHOD}.unknown_rate"),
-        "reward": pick(f"judge.{METHOD}.reward"),
+        "cem": pick("evaluation.all.cem"),
+        "format_rate": pick("evaluation.all.format_rate"),
+        "avg_retrievals": pick("evaluation.all.avg_retrieval_count"),
+        "osr": pick("judge.osr"), "usr": pick("judge.usr"),
+        "search_ratio": pick("judge.search_ratio"), "unknown_rate": pick("judge.unknown_rate"),
+        "reward": pick("judge.reward"),
         "train_reward_first": curve[0] if curve else float("nan"),
         "train_reward_last": curve[-1] if curve else float("nan"),
         "train_seconds": seconds,

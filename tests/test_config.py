@@ -39,3 +39,23 @@ def test_a_namespace_cannot_have_two_owners():
         @register_parameters("demo_namespace")
         class Other(StrictModel):
             pass
+
+
+def test_a_mistyped_key_suggests_the_closest_valid_one():
+    from prorag.pipelines.parameter_schemas import all_parameter_schemas
+
+    schemas = all_parameter_schemas()
+    with pytest.raises(ParameterError, match=r"unknown parameter key 'reward\.lambda_pp'; did you mean "
+                                             r"'reward\.lambda_p'\?"):
+        validate_parameters({"reward": {"lambda_pp": 0.1}}, schemas)
+    with pytest.raises(ParameterError, match=r"'rl\.trainer\.max_step'; did you mean 'rl\.trainer\.max_steps'\?"):
+        validate_parameters({"rl": {"trainer": {"max_step": 3}}}, schemas)
+    with pytest.raises(ParameterError, match=r"'rollout\.methods\.0\.nmae'; did you mean 'rollout\.methods\.0\.name'"):
+        validate_parameters({"rollout": {"methods": [{"nmae": "direct"}]}}, schemas)
+    with pytest.raises(ParameterError, match=r"unknown parameter key 'rewrd'; did you mean 'reward'\?"):
+        validate_parameters({"rewrd": {}}, schemas)
+
+
+def test_an_unknown_key_with_no_close_match_lists_the_valid_ones():
+    with pytest.raises(ParameterError, match=r"'demo_namespace\.zzz' \(valid keys of 'demo_namespace': files, k\)"):
+        parse_parameters(DemoParams, {"zzz": 1}, "demo_namespace")

@@ -40,4 +40,10 @@ def test_kedro_viz_build_shows_the_pipelines(project_copy):
     node_names = {node["name"] for node in train["nodes"]}
     assert {"load_question_files", "load_corpus_files", "build_data_report", "select_index_corpus", "build_index",
             "evaluate_retrieval"} <= node_names
-    assert "questions" in node_names
+    assert {"questions", "raw_question_files", "raw_corpus_files"} <= node_names
+    # layers are on (kedro-viz empties the list when a later layer feeds an earlier one), in the convention's order
+    assert train["layers"] == ["raw", "intermediate", "primary", "feature", "model_input", "models", "model_output",
+                               "reporting"]
+    # each stage collapses into its namespace
+    assert {"data_preparation", "corpus_indexing", "rollout", "sft_synthesis", "sft", "rl", "evaluation",
+            "reward_judging"} <= set(train["modular_pipelines"])

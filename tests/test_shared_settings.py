@@ -44,11 +44,11 @@ def test_shared_blocks_are_the_only_declarations_of_their_settings():
 
 
 def test_training_and_evaluation_read_the_same_blocks():
-    assert {"train_rl", "judge_trajectories"} <= _readers("params:reward")  # RL reward == judged reward
-    assert {"synthesize_sft_data", "train_sft", "train_rl", "sft.run_policy_rollouts",
+    assert {"rl.train_rl", "reward_judging.judge_trajectories"} <= _readers("params:reward")  # RL == judged
+    assert {"sft_synthesis.synthesize_sft_data", "sft.train_sft", "rl.train_rl", "sft.run_policy_rollouts",
             "rl.run_policy_rollouts"} <= _readers("params:agent")  # one protocol, prompt and budget
-    assert {"train_sft", "train_rl", "run_rollouts", "sft.run_policy_rollouts", "rl.run_policy_rollouts",
-            "judge_trajectories"} <= _readers("params:policy")  # the model is named once
+    assert {"sft.train_sft", "rl.train_rl", "rollout.run_rollouts", "sft.run_policy_rollouts",
+            "rl.run_policy_rollouts", "reward_judging.judge_trajectories"} <= _readers("params:policy")  # named once
 
 
 def test_the_gpu_policy_server_serves_the_shared_model():
@@ -84,6 +84,20 @@ def test_the_multistage_paper_preset_validates_over_the_gpu_env():
         ("multistage", "multistage", 5)
     assert parsed["reward"].answer_judge.kind == "llm" and parsed["reward"].stage_switch_step > 0
     assert parsed["policy"].model == "Qwen/Qwen2.5-7B-Instruct"  # conf/gpu kept where the preset is silent
+
+
+def test_the_multistage_preset_runs_a_pipeline_without_an_sft_stage():
+    import yaml
+
+    from prorag.pipelines.rl.nodes import train_rl_from_instruct
+    from prorag.pipelines.rl.params import RLParams
+
+    name = yaml.safe_load((CONF.parent / "experiments" / "multistage_gpu.yml").read_text())["run"]["pipelines"]
+    pipeline = register_pipelines()[name]
+    assert "sft_adapter" not in pipeline.all_inputs() | pipeline.all_outputs()
+    assert not any(node.namespace in {"sft", "sft_synthesis"} for node in pipeline.nodes)
+    with pytest.raises(ValueError, match=r"rl\.init: instruct"):
+        train_rl_from_instruct([], None, RLParams(init="sft"), None, None, None)  # type: ignore[arg-type]
 
 
 def test_hiprag_at_paper_scale_under_the_gpu_env():

@@ -9,8 +9,9 @@ coercion (``true`` is not an int, ``"3"`` is not a number), so a mistyped value 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+import difflib
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -48,7 +49,7 @@ def parse_parameters(schema: type[ModelT], values: Mapping[str, Any] | None, nam
     try:
         return schema.model_validate(dict(values or {}))
     except ValidationError as error:
-        raise ParameterError(_describe(error, namespace)) from None
+        raise ParameterError(_describe(error, namespace, schema)) from None
 
 
 def validate_parameters(parameters: Mapping[str, Any],
@@ -62,7 +63,8 @@ def validate_parameters(parameters: Mapping[str, Any],
         schema = schemas.get(namespace)
         if schema is None:
             known = ", ".join(sorted(schemas)) or "none"
-            problems.append(f"unknown parameter key {namespace!r} (known top-level keys: {known})")
+            problems.append(f"unknown parameter key {namespace!r}{_did_you_mean(namespace, schemas)} "
+                            f"(known top-level keys: {known})")
             continue
         if isinstance(values, BaseModel):  # already instantiated by Kedro's typed-parameter validation
             values = values.model_dump()
@@ -78,12 +80,43 @@ def validate_parameters(parameters: Mapping[str, Any],
     return parsed
 
 
-def _describe(error: ValidationError, namespace: str) -> str:
+def _did_you_mean(key: str, valid: Collection[str], prefix: str = "") -> str:
+    """``"; did you mean '<prefix><closest>'?"`` when one of ``valid`` is close to ``key``, else ``""``."""
+    close = difflib.get_close_matches(key, [str(name) for name in valid], n=1, cutoff=0.6)
+    return f"; did you mean {prefix + close[0]!r}?" if close else ""
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models an annotation can hold, through ``Optional``, unions, ``Annotated``, lists and dicts."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for argument in get_args(annotation) for model in _models_in(argument)]
+
+
+def _keys_at(schema: type[BaseModel], location: Sequence[str | int]) -> set[str]:
+    """The valid keys of the mapping at ``location`` inside ``schema`` (empty when it is not a model's)."""
+    models = [schema]
+    for part in location:
+        if isinstance(part, int):  # a list index: the item is of the same model(s)
+            continue
+        inner = [found for model in models if part in model.model_fields
+                 for found in _models_in(model.model_fields[part].annotation)]
+        named = [model for model in models if model.__name__ == part]  # a union member's tag
+        models = inner or named or models  # neither: a dict key, the values are of the same model(s)
+    return {key for model in models for key in model.model_fields}
+
+
+def _describe(error: ValidationError, namespace: str, schema: type[BaseModel]) -> str:
     lines = []
     for item in error.errors():
         key = ".".join([namespace, *(str(part) for part in item["loc"])])
         if item["type"] == "extra_forbidden":
-            lines.append(f"unknown parameter key {key!r}")
+            parent, unknown = key.rsplit(".", 1)
+            valid = _keys_at(schema, item["loc"][:-1])
+            hint = _did_you_mean(unknown, valid, parent + ".")
+            if not hint and valid:
+                hint = f" (valid keys of {parent!r}: {', '.join(sorted(valid))})"
+            lines.append(f"unknown parameter key {key!r}{hint}")
         else:
             lines.append(f"parameter {key!r}: {item['msg']} (got {item.get('input')!r})")
     return "; ".join(lines)

@@ -4,19 +4,26 @@ of every ``kedro run``."""
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import mlflow
+from kedro.config import MissingConfigException
+from kedro.framework.context import KedroContext
 from kedro.framework.hooks import hook_impl
-from kedro.io import AbstractVersionedDataset, DataCatalog, Version
-from kedro.pipeline import Pipeline
+from kedro.io import AbstractVersionedDataset, DataCatalog, DatasetError, Version
+from kedro.pipeline import Node, Pipeline
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from pydantic import BaseModel
 
 from prorag.config import ParameterError, parse_parameters, validate_parameters
 from prorag.datasets import DirectoryDataset
@@ -29,7 +36,29 @@ from prorag.tracking import (
     redact,
     redact_text,
 )
+from prorag.tracking.missing_inputs import PipelineShape, check_inputs_have_versions
 from prorag.tracking.run_manifest import RunManifest, RunManifests, choose_load_versions
+from prorag.tracking.runs import (
+    ADAPTER_TAG,
+    BASE_MODEL_TAG,
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    KIND_TAG,
+    METHOD_TAG,
+    POLICY_TAG,
+    PROTOCOL_TAG,
+    STAGE_TAG,
+    adapter_key,
+    dataset_input,
+    is_peft_adapter,
+    is_rollout_records,
+    records_digest,
+    rollout_policy,
+    split_method_metrics,
+    stage_name,
+    ui_hint,
+)
+from prorag.tracking.traces import TraceRef, log_rollout_trace, log_verdicts, rollout_key, sample_rollouts
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +89,22 @@ def _parameters(catalog: DataCatalog) -> dict[str, Any]:
 
 
 class ParameterValidationHook:
-    """Fails a run before any node runs when a parameter key is unknown or a value has the wrong type."""
+    """Fails a run before any node runs when a parameter key is unknown or a value has the wrong type.
+
+    It validates as soon as the context exists, before Kedro's own typed-parameter check (which runs when the
+    catalog is built and reports a bare pydantic error), so that a mistyped key gets :func:`validate_parameters`'
+    message with the closest valid key; and again before the pipeline runs (hooks driven without a context).
+    """
+
+    @hook_impl(tryfirst=True)
+    def after_context_created(self, context: KedroContext) -> None:
+        from prorag.pipelines.parameter_schemas import all_parameter_schemas  # the one explicit list
+
+        try:
+            parameters = context.config_loader["parameters"]  # raw, runtime parameters merged; not context.params
+        except MissingConfigException:
+            return
+        validate_parameters(parameters, all_parameter_schemas())
 
     @hook_impl(tryfirst=True)  # before the tracking hook opens an MLflow run for a run that cannot start
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,
@@ -73,7 +117,9 @@ class ParameterValidationHook:
 class RunVersionHook:
     """Inputs from completed runs that belong together, and a manifest per run (issue 11, item 3).
 
-    Before the pipeline runs, every versioned input without a ``--load-versions`` pin is pinned to the newest
+    Before the pipeline runs, a versioned input with no saved version fails the run naming the registered
+    pipelines that write it (:func:`~prorag.tracking.missing_inputs.check_inputs_have_versions`); every other
+    versioned input without a ``--load-versions`` pin is pinned to the newest
     version saved by a *completed* run, and the chosen versions must share their lineage, else the run fails
     naming both versions (:func:`~prorag.tracking.run_manifest.choose_load_versions`). The run's manifest in
     :data:`RUN_MANIFEST_DIR` records what it loaded and saved and ends ``completed``, ``failed`` or ``killed``.
@@ -98,7 +144,10 @@ class RunVersionHook:
         # Kedro 1.7 has no public listing of a dataset's stored versions; _get_versions is its own (newest first).
         available = {name: [PurePosixPath(path).parent.name for path in dataset._get_versions()]
                      for name, dataset in versioned.items()}
-        chosen = choose_load_versions(available, manifests, run_params.get("load_versions") or {})
+        pins = run_params.get("load_versions") or {}
+        check_inputs_have_versions([name for name, versions in available.items() if not versions and name not in pins],
+                                   _registered_pipeline_shapes(), lambda name: _has_data(catalog, name))
+        chosen = choose_load_versions(available, manifests, pins)
         for name, version in chosen.items():
             dataset = versioned[name]
             if dataset._version.load != version and available[name][:1] != [version]:
@@ -138,6 +187,24 @@ class RunVersionHook:
         self._manifest = None
 
 
+def _registered_pipeline_shapes() -> list[PipelineShape]:
+    """The project's registered pipelines as :class:`PipelineShape` (none outside a Kedro project)."""
+    from kedro.framework.project import pipelines
+
+    return [PipelineShape(name, frozenset(dataset for dataset in pipe.inputs()
+                                          if dataset != "parameters" and not dataset.startswith("params:")),
+                          frozenset(pipe.all_outputs()), len(pipe.nodes))
+            for name, pipe in pipelines.items()]
+
+
+def _has_data(catalog: DataCatalog, name: str) -> bool:
+    """Whether ``name`` can be loaded now: a saved version of a versioned dataset, else the dataset exists."""
+    if name not in catalog:
+        return False
+    dataset = _versioned(catalog, name)
+    return bool(dataset._get_versions()) if dataset is not None else catalog.exists(name)
+
+
 def _versioned(catalog: DataCatalog, name: str) -> AbstractVersionedDataset | None:
     """The versioned dataset ``name`` of the catalog, or None (parameters, memory, unversioned, unknown)."""
     if name == "parameters" or name.startswith("params:") or name not in catalog:
@@ -149,12 +216,20 @@ def _versioned(catalog: DataCatalog, name: str) -> AbstractVersionedDataset | No
 
 
 class MlflowTrackingHook:
-    """One MLflow run per ``kedro run``: parameters used, tags linking to the Kedro session, node metrics.
+    """One parent MLflow run per ``kedro run``, with a child run per stage and per evaluated method.
 
-    The tracking URI is ``MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/mlflow.db``; the experiment name is the
-    ``tracking.experiment_name`` parameter. Node outputs whose name ends in ``_metrics`` are logged as
-    metrics; files saved under ``data/08_reporting`` and folders saved by a ``DirectoryDataset`` (the LoRA
-    adapters) are logged as artifacts, each from its own save version; a failed run is marked FAILED.
+    The tracking URI is ``MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/mlflow.db``; the experiment is the
+    ``tracking.experiment_name`` parameter, tagged as a model-development experiment. The *parent* run holds the
+    Kedro session's tags, the parameters the pipeline reads (secrets redacted), system metrics, the question and
+    corpus datasets as run inputs (``tracking.input_datasets``, with content digests), and the per-node timing.
+
+    Children (:mod:`prorag.tracking.runs`): a *stage* run per pipeline stage (the node's namespace or pipeline
+    package), active while its nodes run, so that training curves land in it, with its nodes' parameters,
+    ``*_metrics`` outputs, report files (``data/08_reporting``) and models: a PEFT adapter saved by a
+    ``DirectoryDataset`` is logged as an MLflow model and registered as ``<registered_model_prefix><dataset>``
+    (:mod:`prorag.tracking.adapter_model`); other saved folders as plain artifacts. A *method* run per evaluated
+    method holds its evaluation and judge metrics, and ``tracking.trace_samples`` of its rollouts as traces with
+    the judge's verdicts (:mod:`prorag.tracking.traces`). A failed run is marked FAILED, a killed one KILLED.
     """
 
     def __init__(self) -> None:
@@ -162,6 +237,22 @@ class MlflowTrackingHook:
         self._settings = TrackingParams()
         self._catalog: DataCatalog | None = None
         self._exit_handler_installed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._client_instance: MlflowClient | None = None
+        self._parent_id = ""
+        self._experiment_id = ""
+        self._tracking_uri = ""
+        self._parameters: dict[str, Any] = {}
+        self._child_tags: dict[str, str] = {}
+        self._stage_runs: dict[str, str] = {}
+        self._method_runs: dict[str, str] = {}
+        self._logged_params: dict[str, set[str]] = {}
+        self._node_started: dict[str, int] = {}
+        self._traces: dict[tuple[str, str, int], TraceRef] = {}
+        self._adapter_names: dict[str, str] = {}
+        self._logged_inputs: set[tuple[str, str]] = set()
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,
@@ -175,85 +266,337 @@ class MlflowTrackingHook:
             return  # ParameterValidationHook reports it; nothing to track for a run that will not start
         if not self._settings.enabled:
             return
+        self._reset()
+        self._parameters = parameters
         project_path = Path(run_params.get("project_path") or Path.cwd())
-        mlflow.set_tracking_uri(default_tracking_uri(project_path))
-        mlflow.set_experiment(self._settings.experiment_name)
+        self._tracking_uri = default_tracking_uri(project_path)
+        mlflow.set_tracking_uri(self._tracking_uri)
+        experiment = mlflow.set_experiment(self._settings.experiment_name)
+        self._experiment_id = experiment.experiment_id
+        if EXPERIMENT_KIND_TAG not in experiment.tags:  # the UI then opens on the runs, not the GenAI pages
+            self._client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         pipeline_names = run_params.get("pipeline_names") or ["__default__"]
-        mlflow.start_run(run_name=f"{'+'.join(pipeline_names)} {run_params['run_id']}",
-                         nested=mlflow.active_run() is not None)
+        parent = mlflow.start_run(run_name=f"{'+'.join(pipeline_names)} {run_params['run_id']}",
+                                  nested=mlflow.active_run() is not None,
+                                  log_system_metrics=self._settings.system_metrics)
+        self._parent_id = parent.info.run_id
         self._run_active = True
-        mlflow.set_tags({
+        self._child_tags = {
             "kedro.session_id": run_params["run_id"],
             "kedro.pipeline": ",".join(pipeline_names),
             "kedro.env": run_params.get("env") or "local",
+            "git.sha": git_sha(project_path) or "unknown",
+        }
+        base_model = _parameter(parameters, "policy.model")
+        if base_model is not None:
+            self._child_tags[BASE_MODEL_TAG] = redact_text(str(base_model))
+        mlflow.set_tags({
+            **self._child_tags,
+            KIND_TAG: "pipeline",
             "kedro.version": str(run_params.get("kedro_version")),
             "kedro.runtime_params": json.dumps(redact(flatten(run_params.get("runtime_params") or {})),
                                                default=str),
-            "git.sha": git_sha(project_path) or "unknown",
         })
-        self._log_params(_used_parameters(pipeline, parameters))
+        self._child_tags.update({key: value for key, value in parent.data.tags.items()
+                                 if key.startswith("mlflow.source.") or key == "mlflow.user"})
+        self._log_params(self._parent_id, _used_parameters(pipeline.nodes, parameters))
         if not self._exit_handler_installed:
             _on_termination(self._end_killed_run)
             self._exit_handler_installed = True
 
-    def _end_killed_run(self) -> None:
-        """At exit with the run still open (killed, Ctrl-C): mark it KILLED rather than leave it RUNNING."""
-        if self._run_active:
-            self._run_active = False
-            mlflow.set_tag("error", "the process was killed or interrupted before the pipeline ended")
-            mlflow.end_run(status="KILLED")
-
-    @hook_impl
-    def after_node_run(self, outputs: dict[str, Any]) -> None:
-        if not self._run_active:
-            return
-        for name, data in outputs.items():
-            if not name.endswith("_metrics"):
-                continue
-            for key, value, step in metric_series(name, data):
-                mlflow.log_metric(key, value, step=step)
+    @property
+    def _client(self) -> MlflowClient:
+        """The client of this run's store (made on first use: constructing one opens the store)."""
+        if self._client_instance is None:
+            self._client_instance = MlflowClient(self._tracking_uri or None)
+        return self._client_instance
 
     @hook_impl
     def after_catalog_created(self, catalog: DataCatalog) -> None:
         self._catalog = catalog
 
     @hook_impl
-    def after_dataset_saved(self, dataset_name: str) -> None:
-        if not (self._run_active and self._settings.log_artifacts):
+    def after_dataset_loaded(self, dataset_name: str, data: Any, node: Node) -> None:
+        if not self._run_active:
             return
+        if isinstance(data, str) and self._catalog is not None and dataset_name in self._catalog \
+                and isinstance(self._catalog.get(dataset_name), DirectoryDataset):
+            self._adapter_names[adapter_key(data)] = dataset_name
+        if dataset_name in self._settings.input_datasets:
+            self._log_input(dataset_name, data, _dataset_path(self._catalog, dataset_name, saved=False), node)
+        if dataset_name.endswith("trajectories") and is_rollout_records(data):
+            self._trace_rollouts(data, None, None)
+
+    @hook_impl
+    def before_node_run(self, node: Node) -> None:
+        if not self._run_active:
+            return
+        self._node_started[node.name] = time.time_ns()
+        run_id = self._stage_run(node)
+        self._log_params(run_id, _used_parameters([node], self._parameters, with_tracking=False))
+        mlflow.start_run(run_id=run_id, nested=True, log_system_metrics=False)  # training callbacks log here
+
+    @hook_impl
+    def after_node_run(self, node: Node, inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+        if not self._run_active:
+            return
+        stage_run = self._stage_run(node)
+        for name, data in outputs.items():
+            if name.endswith("_metrics"):
+                self._log_metrics(stage_run, name, data)
+            elif name.endswith("trajectories") and is_rollout_records(data):
+                self._trace_rollouts(data, node, self._node_started.get(node.name))
+        for name, data in outputs.items():
+            if name.endswith("step_verdicts") and isinstance(data, list):
+                rewards = next((value for key, value in outputs.items() if key.endswith("trajectory_rewards")), None)
+                rollouts = next((value for value in inputs.values() if is_rollout_records(value)), [])
+                self._safely("judge verdicts", self._log_verdicts, data, rollouts, rewards)
+        self._end_stage_run(stage_run, "FINISHED")
+
+    @hook_impl
+    def on_node_error(self, error: Exception, node: Node) -> None:
+        if self._run_active:
+            stage_run = self._stage_run(node)
+            self._client.set_tag(stage_run, "error", redact_text(f"{type(error).__name__}: {error}")[:5000])
+            self._end_stage_run(stage_run, "FAILED")
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data: Any, node: Node | None) -> None:
+        if not self._run_active:
+            return
+        if dataset_name in self._settings.input_datasets:
+            self._log_input(dataset_name, data, _dataset_path(self._catalog, dataset_name, saved=True), node)
         saved = _saved_local_path(self._catalog, dataset_name)
         if saved is None:
             return
         dataset, path = saved
+        run_id = self._stage_run(node) if node is not None else self._parent_id
+        if isinstance(dataset, DirectoryDataset) and path.is_dir():
+            self._adapter_names[adapter_key(str(path))] = dataset_name
+        if not self._settings.log_artifacts:
+            return
         if "08_reporting" in path.parts and path.is_file():
-            mlflow.log_artifact(str(path), artifact_path=f"reporting/{dataset_name}")
+            self._client.log_artifact(run_id, str(path), artifact_path=f"reporting/{dataset_name}")
         elif path.is_dir() and isinstance(dataset, DirectoryDataset):
-            mlflow.log_artifacts(str(path), artifact_path=f"models/{dataset_name}")
+            if self._settings.log_models and is_peft_adapter(path):
+                self._safely(f"the model of {dataset_name}", self._log_adapter, dataset_name, path, run_id)
+            else:
+                self._client.log_artifacts(run_id, str(path), artifact_path=f"models/{dataset_name}")
 
     @hook_impl
     def after_pipeline_run(self) -> None:
         if self._run_active:
-            mlflow.end_run(status="FINISHED")
-            self._run_active = False
+            self._finish("FINISHED")
 
     @hook_impl
     def on_pipeline_error(self, error: Exception) -> None:
         if self._run_active:
-            mlflow.set_tag("error", redact_text(f"{type(error).__name__}: {error}")[:5000])
-            mlflow.end_run(status="FAILED")
-            self._run_active = False
+            self._client.set_tag(self._parent_id, "error", redact_text(f"{type(error).__name__}: {error}")[:5000])
+            self._finish("FAILED")
 
-    def _log_params(self, parameters: dict[str, Any]) -> None:
+    def _end_killed_run(self) -> None:
+        """At exit with the run still open (killed, Ctrl-C): mark it KILLED rather than leave it RUNNING."""
+        if self._run_active:
+            self._client.set_tag(self._parent_id, "error",
+                                 "the process was killed or interrupted before the pipeline ended")
+            self._finish("KILLED")
+
+    def _finish(self, status: str) -> None:
+        """End the open stage run, the method runs and the parent with ``status``; say how to open the run."""
+        self._run_active = False
+        self._safely("traces", mlflow.flush_trace_async_logging)
+        active = mlflow.active_run()
+        while active is not None and active.info.run_id != self._parent_id:
+            mlflow.end_run(status=status)
+            active = mlflow.active_run()
+        for run_id in self._method_runs.values():
+            self._client.set_terminated(run_id, status=status)
+        if active is not None:
+            mlflow.end_run(status=status)
+        else:
+            self._client.set_terminated(self._parent_id, status=status)
+        logger.info("MLflow run %s %s (%d stage and %d method runs); open it with: %s", self._parent_id,
+                    status.lower(), len(self._stage_runs), len(self._method_runs),
+                    ui_hint(self._tracking_uri, self._experiment_id, self._parent_id))
+
+    def _safely(self, what: str, function: Callable[..., Any], *args: Any) -> None:
+        """Tracking extras (traces, models, inputs) never fail a pipeline: an error is a warning."""
+        try:
+            function(*args)
+        except Exception as error:  # any MLflow or file error: the run's own outputs are saved anyway
+            logger.warning("MLflow: could not log %s: %s", what, redact_text(f"{type(error).__name__}: {error}"))
+
+    def _child_run(self, name: str, tags: dict[str, str]) -> str:
+        run = self._client.create_run(self._experiment_id, run_name=name,
+                                      tags={**self._child_tags, **tags, MLFLOW_PARENT_RUN_ID: self._parent_id})
+        return run.info.run_id
+
+    def _stage_run(self, node: Node) -> str:
+        """The run of the node's stage (created on first use)."""
+        stage = _stage_of(node)
+        if stage not in self._stage_runs:
+            self._stage_runs[stage] = self._child_run(stage, {KIND_TAG: "stage", STAGE_TAG: stage})
+        return self._stage_runs[stage]
+
+    def _end_stage_run(self, run_id: str, status: str) -> None:
+        active = mlflow.active_run()
+        if active is not None and active.info.run_id == run_id:
+            mlflow.end_run(status=status)
+
+    def _method_run(self, record: dict[str, Any], node: Node | None) -> str:
+        """The run of a rollout's method (created on first use, tagged with the policy that produced it)."""
+        method = str(record["method"])
+        if method not in self._method_runs:
+            policy, adapter, base_model = rollout_policy(record, self._adapter_names)
+            tags = {KIND_TAG: "method", METHOD_TAG: method, POLICY_TAG: policy,
+                    PROTOCOL_TAG: str(record.get("protocol"))}
+            if adapter:
+                tags[ADAPTER_TAG] = adapter
+            if base_model:
+                tags[BASE_MODEL_TAG] = redact_text(base_model)
+            if node is not None:
+                tags[STAGE_TAG] = _stage_of(node)
+            self._method_runs[method] = run_id = self._child_run(f"{method} ({policy})", tags)
+            if node is not None:
+                self._log_params(run_id, _used_parameters([node], self._parameters, with_tracking=False))
+        return self._method_runs[method]
+
+    def _log_metrics(self, stage_run: str, name: str, data: Any) -> None:
+        """A ``*_metrics`` output: per-method parts to the method runs, the rest to the stage run."""
+        split = split_method_metrics(name, data)
+        if split is None:
+            _log_batch(self._client, stage_run, metric_series(name, data))
+            return
+        prefix, methods, rest = split
+        for method, values in methods.items():
+            if method not in self._method_runs:
+                self._method_runs[method] = self._child_run(method, {KIND_TAG: "method", METHOD_TAG: method})
+            _log_batch(self._client, self._method_runs[method], metric_series(f"{prefix}_metrics", values))
+        _log_batch(self._client, stage_run, metric_series(name, rest))
+
+    def _trace_rollouts(self, records: list[dict[str, Any]], node: Node | None, started_ns: int | None) -> None:
+        """Method runs for the rollouts' methods, and a trace for each sampled rollout not traced yet."""
+        for record in records:
+            if str(record["method"]) not in self._method_runs:
+                self._method_run(record, node)
+        if self._settings.trace_samples:
+            self._safely("rollout traces", self._log_traces, records, started_ns)
+
+    def _log_traces(self, records: list[dict[str, Any]], started_ns: int | None) -> None:
+        """Traces of the sampled rollouts, in their method runs, within the producing node's wall time (if known)."""
+        now = time.time_ns()
+        for record in sample_rollouts(records, self._settings.trace_samples):
+            key = rollout_key(record)
+            if key not in self._traces:
+                self._traces[key] = log_rollout_trace(
+                    record, experiment_id=self._experiment_id, run_id=self._method_runs[key[0]],
+                    start_ns=started_ns or now, end_ns=now, measured=started_ns is not None,
+                    tags={POLICY_TAG: rollout_policy(record, self._adapter_names)[0]})
+
+    def _log_verdicts(self, verdicts: list[dict[str, Any]], rollouts: list[dict[str, Any]], rewards: Any) -> None:
+        """The judge's step verdicts and rewards as feedback on the traced rollouts they judge."""
+        if not self._traces:
+            return
+        by_question: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for record in rollouts:
+            by_question.setdefault((str(record["method"]), str(record["question_key"])), []).append(record)
+        reward_of: dict[tuple[str, str, int], float] = {}
+        if rewards is not None and hasattr(rewards, "to_dict"):
+            for row in rewards.to_dict("records"):
+                if row.get("reward") is not None and row["reward"] == row["reward"]:  # not NaN
+                    reward_of[(str(row["method"]), str(row["question_key"]), int(row.get("sample_index") or 0))] = \
+                        float(row["reward"])
+        seen: dict[tuple[str, str], int] = {}
+        for verdict in verdicts:
+            question = (str(verdict.get("method")), str(verdict.get("question_key")))
+            occurrence = seen[question] = seen.get(question, -1) + 1
+            candidates = by_question.get(question, [])
+            record = candidates[occurrence] if occurrence < len(candidates) else None
+            key = rollout_key(record) if record is not None else (*question, occurrence)
+            if key in self._traces:
+                log_verdicts(self._traces[key], verdict, record.get("steps") if record else None,
+                             reward_of.get(key))
+
+    def _log_adapter(self, dataset_name: str, path: Path, run_id: str) -> None:
+        """Log (and register) the PEFT adapter at ``path`` as an MLflow model in ``run_id``."""
+        from prorag.tracking.adapter_model import log_adapter_model  # pulls in mlflow.pyfunc: only when needed
+
+        base_model = str(_parameter(self._parameters, "policy.model") or "")
+        if not base_model:
+            logger.warning("MLflow: %s is not logged as a model: no policy.model parameter names its base",
+                           dataset_name)
+            self._client.log_artifacts(run_id, str(path), artifact_path=f"models/{dataset_name}")
+            return
+        if Path(base_model).expanduser().exists():
+            logger.warning("MLflow: the model %s refers to its base by the local path %s, which other machines "
+                           "may not have", dataset_name, base_model)
+        prefix = self._settings.registered_model_prefix
+        info = log_adapter_model(path, base_model=base_model, run_id=run_id, name=dataset_name,
+                                 dtype=str(_parameter(self._parameters, "policy.dtype") or "float32"),
+                                 registered_model_name=None if prefix is None else f"{prefix}{dataset_name}",
+                                 tags={**self._child_tags, ADAPTER_TAG: dataset_name})
+        if info.registered_model_version is not None and prefix is not None:
+            for key, value in {"kedro.session_id": self._child_tags["kedro.session_id"], BASE_MODEL_TAG: base_model,
+                               ADAPTER_TAG: dataset_name}.items():
+                self._client.set_model_version_tag(f"{prefix}{dataset_name}", str(info.registered_model_version),
+                                                   key, value)
+        logger.info("MLflow: %s logged as model %s%s", dataset_name, info.model_uri,
+                    "" if prefix is None else f", registered as {prefix}{dataset_name} "
+                                              f"v{info.registered_model_version}")
+
+    def _log_input(self, dataset_name: str, data: Any, path: str | None, node: Node | None) -> None:
+        """A question or corpus dataset as an input of the parent run, once per file (or content)."""
+        identity = (dataset_name, path or records_digest(data if isinstance(data, list) else [repr(data)]))
+        if identity in self._logged_inputs:
+            return
+        self._logged_inputs.add(identity)
+        context = "pipeline" if node is None else _stage_of(node)
+        self._safely(f"the input {dataset_name}", lambda: self._client.log_inputs(
+            self._parent_id, datasets=[dataset_input(dataset_name, data, path, context)]))
+
+    def _log_params(self, run_id: str, parameters: dict[str, Any]) -> None:
+        logged = self._logged_params.setdefault(run_id, set())
         flat = redact(flatten(parameters))
-        items = [(key, _param_value(value)) for key, value in sorted(flat.items())]
+        items = [Param(key, _param_value(value)) for key, value in sorted(flat.items()) if key not in logged]
         for start in range(0, len(items), _MLFLOW_BATCH):
-            mlflow.log_params(dict(items[start:start + _MLFLOW_BATCH]))
+            self._client.log_batch(run_id, params=items[start:start + _MLFLOW_BATCH])
+        logged.update(item.key for item in items)
 
 
-def _used_parameters(pipeline: Pipeline, parameters: dict[str, Any]) -> dict[str, Any]:
-    """The parameter namespaces this pipeline's nodes read (``params:x`` inputs), plus ``tracking``."""
+def _log_batch(client: MlflowClient, run_id: str, series: Iterable[tuple[str, float, int | None]]) -> None:
+    """Log ``(key, value, step)`` metrics in batches (MLflow takes at most 1000 per call)."""
+    now = int(time.time() * 1000)
+    metrics = [Metric(key, value, now, step or 0) for key, value, step in series]
+    for start in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[start:start + 1000])
+
+
+def _stage_of(node: Node) -> str:
+    """The node's stage (:func:`~prorag.tracking.runs.stage_name`): its namespace, else its pipeline package."""
+    function = node.func
+    while isinstance(function, functools.partial):
+        function = function.func
+    return stage_name(getattr(function, "__module__", None), node.namespace, node.name)
+
+
+def _parameter(parameters: Any, dotted: str) -> Any:
+    """``parameters["a"]["b"]`` for ``"a.b"`` (mappings or pydantic models), None when absent."""
+    value = parameters
+    for part in dotted.split("."):
+        if isinstance(value, BaseModel):
+            value = getattr(value, part, None)
+        elif isinstance(value, dict):
+            value = value.get(part)
+        else:
+            return None
+    return value
+
+
+def _used_parameters(nodes: Iterable[Node], parameters: dict[str, Any], with_tracking: bool = True,
+                     ) -> dict[str, Any]:
+    """The parameter namespaces these nodes read (``params:x`` inputs), plus ``tracking``."""
     used: dict[str, Any] = {}
-    for name in {name for node in pipeline.nodes for name in node.inputs}:
+    for name in {name for node in nodes for name in node.inputs}:
         if name == "parameters":
             return dict(parameters)
         if name.startswith("params:"):
@@ -262,7 +605,7 @@ def _used_parameters(pipeline: Pipeline, parameters: dict[str, Any]) -> dict[str
             for part in path:
                 value = value[part]
             used[".".join(path)] = value
-    if "tracking" in parameters:
+    if with_tracking and "tracking" in parameters:
         used["tracking"] = parameters["tracking"]
     return used
 
@@ -270,6 +613,24 @@ def _used_parameters(pipeline: Pipeline, parameters: dict[str, Any]) -> dict[str
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= _MLFLOW_PARAM_VALUE_LIMIT else text[: _MLFLOW_PARAM_VALUE_LIMIT - 3] + "..."
+
+
+def _dataset_path(catalog: DataCatalog | None, dataset_name: str, saved: bool) -> str | None:
+    """The local file a dataset was just loaded from (or saved to), or None (memory, remote, unknown)."""
+    if catalog is None or dataset_name not in catalog:
+        return None
+    dataset = catalog.get(dataset_name)
+    filepath = getattr(dataset, "_filepath", None)
+    if filepath is None or getattr(dataset, "_protocol", "file") != "file":
+        return None
+    if isinstance(dataset, AbstractVersionedDataset) and dataset._version is not None:
+        try:
+            path = dataset._get_versioned_path(dataset.resolve_save_version()) if saved else dataset._get_load_path()
+        except DatasetError:  # no version to load: nothing to digest
+            return None
+    else:
+        path = filepath
+    return str(path) if Path(str(path)).is_file() else None
 
 
 def _saved_local_path(catalog: DataCatalog | None, dataset_name: str) -> tuple[Any, Path] | None:

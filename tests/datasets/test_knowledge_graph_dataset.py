@@ -40,3 +40,27 @@ def test_a_version_without_metadata_does_not_exist(tmp_path: Path, graph) -> Non
         dataset.load()
     with pytest.raises(DatasetError, match="KnowledgeGraph"):
         KnowledgeGraphDataset(filepath=str(tmp_path / "x"), version=Version(None, "v1")).save("not a graph")
+
+
+def test_an_interrupted_newer_version_does_not_hide_the_complete_one(graph, tmp_path: Path) -> None:
+    filepath = str(tmp_path / "kg")
+    KnowledgeGraphDataset(filepath=filepath, version=Version(None, "2026-01-01T00.00.00.000Z")).save(graph)
+    (tmp_path / "kg" / "2026-01-02T00.00.00.000Z" / "kg").mkdir(parents=True)  # interrupted: no kg_meta.json
+    latest = KnowledgeGraphDataset(filepath=filepath, version=Version(None, None))
+    assert latest.resolve_load_version() == "2026-01-01T00.00.00.000Z"
+    assert latest.load().meta.triplet_count == 2
+
+
+@pytest.mark.parametrize("root", ["local", "memory://kg-preview-test"])
+def test_preview_is_a_summary_table(graph, tmp_path: Path, root: str) -> None:
+    filepath = str(tmp_path / "kg") if root == "local" else f"{root}/{tmp_path.name}/kg"
+    KnowledgeGraphDataset(filepath=filepath, version=Version(None, "2026-01-01T00.00.00.000Z")).save(graph)
+    preview = KnowledgeGraphDataset(filepath=filepath, version=Version(None, None)).preview()
+    assert preview["columns"] == ["field", "value"] and preview["index"] == list(range(len(preview["data"])))
+    table = dict(preview["data"])
+    assert table["version"] == "2026-01-01T00.00.00.000Z" and table["entity_count"] == 4
+    assert table["triplet_count"] == 2 and table["embedder_spec"] == "hashing:32"
+    assert table["files"] >= 5 and table["bytes"] > 0
+    assert all(len(row) == 2 for row in preview["data"])
+    with pytest.raises(DatasetError):
+        KnowledgeGraphDataset(filepath=str(tmp_path / "none"), version=Version(None, None)).preview()

@@ -95,3 +95,22 @@ def test_wrong_input_and_load_args_are_named(tmp_path):
         RetrievalIndexDataset(filepath=str(tmp_path / "idx"), load_args={"nprobes": 3})
     with pytest.raises(DatasetError, match="saves a RetrievalIndex, got dict"):
         RetrievalIndexDataset(filepath=str(tmp_path / "idx")).save({})
+
+
+def test_an_interrupted_newer_version_does_not_hide_the_complete_one(tmp_path, index):
+    filepath = tmp_path / "idx"
+    RetrievalIndexDataset(filepath=str(filepath), version=Version(None, "2024-01-01T00.00.00.000Z")).save(index)
+    (filepath / "2024-01-02T00.00.00.000Z" / "idx").mkdir(parents=True)
+    assert len(RetrievalIndexDataset(filepath=str(filepath), version=Version(None, None)).load()) == 3
+
+
+def test_preview_is_a_summary_table(index):
+    root = f"memory:///prorag-preview-{uuid.uuid4().hex}/retrieval_index"
+    RetrievalIndexDataset(filepath=root, version=Version(None, None)).save(index)
+    preview = RetrievalIndexDataset(filepath=root, version=Version(None, None)).preview(max_chars=30)
+    assert preview["columns"] == ["field", "value"]
+    table = dict(preview["data"])
+    assert table["passage_count"] == 3 and table["embedder_spec"] == "hashing:32" and table["files"] >= 4
+    assert all(not isinstance(value, str) or len(value) <= 30 for value in table.values())
+    assert isinstance(table["faiss"], str)  # nested settings as JSON text
+    fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)

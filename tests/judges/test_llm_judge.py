@@ -7,10 +7,9 @@ import asyncio
 import http.server
 import json
 import logging
-import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,76 +28,16 @@ from prorag.judges import (
     parse_yes_no,
 )
 from prorag.judges.prompts import answer_messages, equivalence_messages, step_messages
-from prorag.llm.generation import Completion, SamplingParams
 from prorag.serving import create_app, serve_in_thread
 
 MODEL = "judge-model"
 API_KEY = "test-secret-key"
 
 
-class CharTokenizer:
-    """A character-level tokenizer: all the served app needs (encode, decode, length)."""
-
-    def __len__(self) -> int:
-        return 0x110000
-
-    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
-        return {"input_ids": [ord(char) for char in text]}
-
-    def decode(self, ids: Sequence[int], **_: Any) -> str:
-        return "".join(chr(token) for token in ids)
-
-
-class ScriptedJudgeModel:
-    """A deterministic ``Generator`` that plays a judge model.
-
-    Equivalence: True when the two statements are equal ignoring case, False otherwise. Step verification:
-    True when the conclusion mentions Paris. Answer check: YES when the prediction is among the references.
-    Any material containing "garble" gets a reply without a verdict.
-    """
-
-    def __init__(self) -> None:
-        self._tokenizer = CharTokenizer()
-        self.prompts: list[str] = []
-        self._lock = threading.Lock()
-
-    @property
-    def tokenizer(self) -> CharTokenizer:
-        return self._tokenizer
-
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> str:
-        return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
-
-    @staticmethod
-    def reply(prompt: str) -> str:
-        user = prompt.rsplit("<|user|>\n", 1)[-1]
-        if "garble" in user:
-            return "Hmm, hard to say. Possibly?"
-        if (match := re.search(r"Statement 1: (.*)\nStatement 2: (.*)\n<\|assistant", prompt)) is not None:
-            same = match.group(1).lower() == match.group(2).lower()
-            return f"Both statements name the same fact.\n<answer> {same} </answer>"
-        if (conclusions := re.findall(r"<conclusion>(.*?)</conclusion>", user)):
-            return f"<answer>{'Paris' in conclusions[-1]}</answer>"
-        if (match := re.search(r"Prediction: (.*)\nReference Answers: (.*)\n", user)) is not None:
-            return "YES" if f"'{match.group(1)}'" in match.group(2) else "NO."
-        return "unexpected prompt"
-
-    def generate(self, prompts: Sequence[str | list[int]], params: SamplingParams) -> list[list[Completion]]:
-        results = []
-        for prompt in prompts:
-            text = prompt if isinstance(prompt, str) else self._tokenizer.decode(prompt)
-            with self._lock:
-                self.prompts.append(text)
-            reply = self.reply(text)
-            ids = self._tokenizer(reply)["input_ids"]
-            results.append([Completion(text=reply, token_ids=ids, logprobs=None, finish_reason="stop", stop=None,
-                                       prompt_tokens=len(text))] * params.n)
-        return results
-
-
 @pytest.fixture(scope="module")
-def judge_model() -> ScriptedJudgeModel:
-    return ScriptedJudgeModel()
+def judge_model(scripted_judge_model: Any) -> Any:
+    """The project's conftest's scripted judge model (shared with the compare pipeline's LLM-judge test)."""
+    return scripted_judge_model
 
 
 @pytest.fixture(scope="module")

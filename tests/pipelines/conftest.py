@@ -24,3 +24,24 @@ def index(questions):
     corpus = [p for p in load_corpus([RAW / "corpus" / "musique_train.jsonl", RAW / "corpus" / "hotpotqa.jsonl"])
               if p.id in wanted]
     return build_retrieval_index(corpus, "hashing:64", show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_lora_adapter(tmp_path_factory) -> str:
+    """A LoRA adapter on the tiny model whose B matrices are non-zero, so it changes what the model writes."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from prorag.llm.registry import BUNDLED_TINY_LLAMA, load_causal_lm
+
+    model, _ = load_causal_lm(BUNDLED_TINY_LLAMA)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj", "o_proj"],
+                                                  task_type="CAUSAL_LM"))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    folder = tmp_path_factory.mktemp("adapter") / "sft_adapter"
+    peft_model.save_pretrained(str(folder))
+    return str(folder)

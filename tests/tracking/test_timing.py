@@ -17,7 +17,7 @@ from prorag.tracking.timing import NodeTimingHook
 def test_nodes_are_timed_with_their_generation_tokens(tmp_path: Path, mlflow_uri: str, one_torch_thread):
     generator = TransformersGenerator(BUNDLED_TINY_LLAMA, batch_size=2)
     hook = NodeTimingHook()
-    hook.before_pipeline_run({"project_path": str(tmp_path)})
+    hook.before_pipeline_run({"project_path": str(tmp_path)}, None)
     with mlflow.start_run() as run:
         prepare, rollout = SimpleNamespace(name="prepare"), SimpleNamespace(name="rollout.run_rollouts")
         hook.before_node_run(prepare)

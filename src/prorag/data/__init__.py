@@ -2,6 +2,7 @@
 
 from prorag.data.corpus import DuplicatePassageError, deduplicate_passages, load_corpus, read_corpus_files
 from prorag.data.jsonl import DataFileError, iter_jsonl, read_jsonl, write_jsonl
+from prorag.data.raw_files import RawFiles
 from prorag.data.records import (
     Passage,
     Question,
@@ -16,6 +17,7 @@ __all__ = [
     "DuplicatePassageError",
     "Passage",
     "Question",
+    "RawFiles",
     "deduplicate_passages",
     "iter_jsonl",
     "load_corpus",

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from itertools import islice
 from pathlib import PurePosixPath
 from typing import Any
 
-from kedro.io.core import DatasetError, get_filepath_str
+from kedro.io.core import DatasetError
+from kedro_datasets._typing import TablePreview
 
-from prorag.data.jsonl import parse_jsonl_lines
-from prorag.datasets.fsspec_base import FsspecVersionedDataset
+from prorag.data.jsonl import DataFileError, parse_jsonl_lines
+from prorag.datasets.fsspec_base import PREVIEW_MAX_CHARS, FsspecVersionedDataset, preview_cell, table_preview
 
 
 class JSONLinesDataset(FsspecVersionedDataset[list[dict[str, Any]], list[dict[str, Any]]]):
+    # Kept over kedro-datasets' json.JSONDataset (one JSON document, cannot read JSONL), pandas.JSONDataset(lines=True)
+    # and polars' read_ndjson: both infer column types ("1" -> 1, 1 -> 1.0, missing keys -> NaN/None, so records do
+    # not round-trip) and report a malformed line as a byte or character offset, not as file:line.
     """Loads and saves ``list[dict]`` as JSONL; a malformed or non-UTF-8 line fails with the file and line number.
 
-    Saving writes the whole file in one ``open`` call of the target filesystem, so a failed node never
-    leaves a truncated version behind for the next run to load.
+    Saving serializes every record before touching the target, then writes it atomically: a local file through
+    a temporary sibling and a rename, an object store in one upload (an object appears only once complete), so a
+    failed node or a killed process never leaves a truncated version behind for the next run to load.
     """
 
     def load(self) -> list[dict[str, Any]]:
@@ -27,13 +35,36 @@ class JSONLinesDataset(FsspecVersionedDataset[list[dict[str, Any]], list[dict[st
     def save(self, data: list[dict[str, Any]]) -> None:
         if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
             raise DatasetError(f"{type(self).__name__} saves a list of dicts, got {type(data).__name__}")
-        payload = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in data)
+        payload = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in data).encode("utf-8")
         path = self._save_path()
         self._fs.makedirs(str(PurePosixPath(path).parent), exist_ok=True)
-        with self._fs.open(path, mode="w", encoding="utf-8") as handle:
-            handle.write(payload)
+        if self._protocol == "file":
+            temporary = str(PurePosixPath(path).with_name(f".{PurePosixPath(path).name}.tmp-{os.getpid()}"))
+            try:
+                with open(temporary, "wb") as handle:
+                    handle.write(payload)
+                os.replace(temporary, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(temporary)
+                raise
+        else:
+            with self._fs.open(path, mode="wb") as handle:
+                handle.write(payload)
         self._invalidate_cache()
 
-    def _invalidate_cache(self) -> None:
-        path = get_filepath_str(self._filepath, self._protocol)
-        self._fs.invalidate_cache(path)
+    def preview(self, nrows: int = 5, max_chars: int = PREVIEW_MAX_CHARS) -> TablePreview:
+        """The first ``nrows`` records as a kedro-viz table (read line by line, never the whole file): one column
+        per key in order of first appearance, ``index`` the line numbers, nested values as compact JSON and every
+        cell cut to ``max_chars`` characters."""
+        if nrows < 0 or max_chars < 1:
+            raise DatasetError(f"preview needs nrows >= 0 and max_chars >= 1, got {nrows} and {max_chars}")
+        path = self._load_path()
+        try:
+            with self._fs.open(path, mode="rb") as handle:
+                numbered = list(islice(parse_jsonl_lines(handle, path), nrows))
+        except DataFileError as error:
+            raise DatasetError(str(error)) from error
+        columns = list(dict.fromkeys(key for _, record in numbered for key in record))
+        rows = [[preview_cell(record.get(column), max_chars) for column in columns] for _, record in numbered]
+        return table_preview(columns, rows, index=[line for line, _ in numbered])

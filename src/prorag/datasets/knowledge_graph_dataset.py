@@ -8,7 +8,7 @@ Catalog entry::
       versioned: true
 
 The directory layout is :mod:`prorag.kg.graph`'s; ``kg_meta.json`` is written last, and a version without it
-(an interrupted upload) does not count as existing.
+(an interrupted upload) does not count as existing: loading the latest version skips it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kedro.io.core import DatasetError
+from kedro_datasets._typing import TablePreview
 
-from prorag.datasets.fsspec_base import FsspecVersionedDataset
+from prorag.datasets.fsspec_base import PREVIEW_MAX_CHARS, FsspecVersionedDataset
 
 if TYPE_CHECKING:
     from prorag.kg.graph import KnowledgeGraph
@@ -60,5 +61,10 @@ class KnowledgeGraphDataset(FsspecVersionedDataset["KnowledgeGraph", "KnowledgeG
                     self._fs.put_file(str(item), f"{path.rstrip('/')}/{item.name}")
         self._fs.invalidate_cache(path)
 
+    def preview(self, max_chars: int = PREVIEW_MAX_CHARS) -> TablePreview:
+        """A ``field``/``value`` table for kedro-viz: the version, ``kg_meta.json``'s fields (entity, triplet,
+        relation and chunk counts, embedder…) and the files' count and size; the graph itself is not loaded."""
+        return self._directory_summary(META_FILE, max_chars)
+
     def _stored(self, path: str) -> bool:
-        return bool(self._fs.exists(f"{path.rstrip('/')}/{META_FILE}"))
+        return bool(self._fs.exists(f"{str(path).rstrip('/')}/{META_FILE}"))

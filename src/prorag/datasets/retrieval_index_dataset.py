@@ -15,8 +15,10 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-import fsspec
-from kedro.io.core import AbstractVersionedDataset, DatasetError, Version, get_filepath_str, get_protocol_and_path
+from kedro.io.core import DatasetError, Version
+from kedro_datasets._typing import TablePreview
+
+from prorag.datasets.fsspec_base import PREVIEW_MAX_CHARS, FsspecVersionedDataset
 
 if TYPE_CHECKING:
     from prorag.retrieval.index import RetrievalIndex
@@ -25,7 +27,7 @@ META_FILE = "index_meta.json"  # mirrors prorag.retrieval.index.META_FILE; writt
 _LOAD_ARGS = frozenset({"use_gpu", "nprobe", "device", "load_bm25"})
 
 
-class RetrievalIndexDataset(AbstractVersionedDataset["RetrievalIndex", "RetrievalIndex"]):
+class RetrievalIndexDataset(FsspecVersionedDataset["RetrievalIndex", "RetrievalIndex"]):
     """Saves and loads a :class:`~prorag.retrieval.index.RetrievalIndex` as an index directory.
 
     Local paths are written in place (staged in a sibling folder, then renamed) and loaded in place.
@@ -50,26 +52,15 @@ class RetrievalIndexDataset(AbstractVersionedDataset["RetrievalIndex", "Retrieva
             raise DatasetError(
                 f"RetrievalIndexDataset({filepath}): unknown load_args {unknown}; allowed: {sorted(_LOAD_ARGS)}"
             )
-        protocol, path = get_protocol_and_path(filepath, version)
-        self._protocol = protocol
-        self._fs = fsspec.filesystem(protocol, **(credentials or {}), **(fs_args or {}))
         self._load_args = dict(load_args or {})
-        self.metadata = metadata
-        super().__init__(
-            filepath=PurePosixPath(path),
-            version=version,
-            exists_function=self._is_complete,
-            glob_function=self._fs.glob,
-        )
-
-    def _is_complete(self, path: str) -> bool:
-        return bool(self._fs.exists(f"{str(path).rstrip('/')}/{META_FILE}"))
+        super().__init__(filepath=filepath, version=version, credentials=credentials, fs_args=fs_args,
+                         metadata=metadata)
 
     def load(self) -> RetrievalIndex:
         from prorag.retrieval.index import load_index_dir
 
-        path = get_filepath_str(self._get_load_path(), self._protocol)
-        if not self._is_complete(path):
+        path = self._load_path()
+        if not self._stored(path):
             raise DatasetError(f"{path}: no retrieval index here ({META_FILE} missing)")
         if self._protocol == "file":
             return load_index_dir(path, **self._load_args)
@@ -83,7 +74,7 @@ class RetrievalIndexDataset(AbstractVersionedDataset["RetrievalIndex", "Retrieva
 
         if not isinstance(data, RetrievalIndex):
             raise DatasetError(f"RetrievalIndexDataset saves a RetrievalIndex, got {type(data).__name__}")
-        path = get_filepath_str(self._get_save_path(), self._protocol)
+        path = self._save_path()
         if self._protocol == "file":
             save_index_dir(path, data, overwrite=True)
         else:
@@ -101,24 +92,13 @@ class RetrievalIndexDataset(AbstractVersionedDataset["RetrievalIndex", "Retrieva
                     self._fs.put_file(str(item), target)
         self._invalidate_cache()
 
+    def preview(self, max_chars: int = PREVIEW_MAX_CHARS) -> TablePreview:
+        """A ``field``/``value`` table for kedro-viz: the version, ``index_meta.json``'s fields (embedder, dim,
+        index type, passage count…) and the files' count and size; the index itself is not loaded."""
+        return self._directory_summary(META_FILE, max_chars)
+
     def _describe(self) -> dict[str, Any]:
-        return {
-            "filepath": self._filepath,
-            "protocol": self._protocol,
-            "load_args": self._load_args,
-            "version": self._version,
-        }
+        return {**super()._describe(), "load_args": self._load_args}
 
-    def _exists(self) -> bool:
-        try:
-            path = get_filepath_str(self._get_load_path(), self._protocol)
-        except DatasetError:
-            return False
-        return self._is_complete(path)
-
-    def _release(self) -> None:
-        super()._release()
-        self._invalidate_cache()
-
-    def _invalidate_cache(self) -> None:
-        self._fs.invalidate_cache(get_filepath_str(self._filepath, self._protocol))
+    def _stored(self, path: str) -> bool:
+        return bool(self._fs.exists(f"{str(path).rstrip('/')}/{META_FILE}"))

@@ -43,6 +43,9 @@ def cache_key(model: str, messages: Sequence[Mapping[str, Any]], params: Mapping
 
 
 class JudgeCache:
+    # Kept over diskcache 5.6.3 (unmaintained since 2023): it evicts at 1 GB by default (paid replies lost), pickles
+    # non-string values (CVE-2025-69872, unfixed) and has no batched read. This is ~70 lines on sqlite3, the engine
+    # diskcache wraps, with the same WAL/busy-timeout process safety, and it still reads earlier runs' files.
     """Raw judge replies by :func:`cache_key`, in the SQLite file ``path`` (``":memory:"`` for a private one)."""
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0) -> None:

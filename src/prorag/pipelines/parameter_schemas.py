@@ -11,6 +11,7 @@ from typing import Final
 from pydantic import BaseModel
 
 from prorag.config import PARAMETER_SCHEMAS as DECORATED_SCHEMAS
+from prorag.pipelines.compare.params import CompareParams
 from prorag.pipelines.corpus_indexing.params import CorpusIndexingParams
 from prorag.pipelines.data_preparation.params import DataPreparationParams
 from prorag.pipelines.dpo.params import DPOParams
@@ -39,11 +40,13 @@ PARAMETER_SCHEMAS: Final[dict[str, type[BaseModel]]] = {
     "sft_synthesis": SftSynthesisParams,
     "sft": SftParams,
     "rl": RLParams,
+    "search_r1_reward": RewardSpec,  # train_search_r1: the rl pipeline with the Search-R1 reward (λp = 0)
     "kg_extraction": KgExtractionParams,
     "reasonrag_data": ReasonRAGDataParams,
     "reasonrag_agent": TrainedAgentSpec,  # the ReasonRAG agent: MCTS prompt, DPO policy rollouts
     "dpo": DPOParams,
     "tearag": TeaRAGParams,
+    "compare": CompareParams,
 }
 
 

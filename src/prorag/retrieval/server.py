@@ -12,7 +12,8 @@ lone surrogate in a string, 413 body or query list too large, 415 a body that is
 wrong fields. Only loopback ``Host`` names are answered unless the server is bound to another interface
 (:mod:`prorag.serving.guard`).
 
-Run: ``python -m prorag.retrieval.server --index-dir data/06_models/retrieval_index --port 8000``.
+Run: ``python -m prorag.retrieval.server --index-dir data/06_models/retrieval_index/<version>/retrieval_index
+--port 8001`` (a version folder of the ``retrieval_index`` dataset; ``kedro run --pipeline=index`` writes one).
 """
 
 from __future__ import annotations
@@ -358,30 +359,46 @@ def serve(
     uvicorn.run(create_app(retriever, **app_options), host=host, port=port, log_level=log_level)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options of ``python -m prorag.retrieval.server`` (imports FAISS: call it after
+    :func:`main` has set ``OMP_WAIT_POLICY``)."""
+    from prorag.retrieval.index import RETRIEVER_KINDS
+
+    parser = argparse.ArgumentParser(prog="python -m prorag.retrieval.server", description=__doc__.split("\n")[0])
+    parser.add_argument("--index-dir", required=True,
+                        help="an index folder: data/06_models/retrieval_index/<version>/retrieval_index")
+    parser.add_argument("--retriever", choices=RETRIEVER_KINDS, default="dense",
+                        help="dense (FAISS), bm25, hybrid, or kag / kag_concat with --knowledge-graph "
+                             "(default: %(default)s)")
+    parser.add_argument("--host", default=DEFAULT_HOST, help="interface to bind (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    parser.add_argument("--default-topk", type=int, default=3,
+                        help="passages per query when a request gives no topk (default: %(default)s)")
+    parser.add_argument("--max-topk", type=int, default=100,
+                        help="largest topk a request may ask (default: %(default)s)")
+    parser.add_argument("--max-queries", type=int, default=256, help="most queries per request (default: %(default)s)")
+    parser.add_argument("--batch-window-ms", type=float, default=5.0,
+                        help="requests this close together are searched in one batch (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None, help="FAISS OpenMP threads (default: all CPUs)")
+    parser.add_argument("--nprobe", type=int, default=None,
+                        help="IVF lists probed per query (default: the index's own; a flat index ignores it)")
+    parser.add_argument("--use-gpu", action="store_true", help="search the FAISS index on all GPUs")
+    parser.add_argument("--device", default=None, help="embedder device, e.g. cpu or cuda")
+    parser.add_argument("--log-level", default="info", help="logging level (default: %(default)s)")
+    parser.add_argument("--knowledge-graph", default=None,
+                        help="for --retriever kag / kag_concat: data/06_models/knowledge_graph/<version>/"
+                             "knowledge_graph (kedro run --pipeline=kg_extraction)")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m prorag.retrieval.server --index-dir DIR [--retriever KIND] [--host H] [--port P]``."""
     # torch and faiss each bring an OpenMP runtime; spin-waiting threads of the two fight over the cores and
     # made single-query search up to 10x slower on 2 cores (benchmarks/retrieval.py). Must precede their import.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from prorag.retrieval.index import RETRIEVER_KINDS, load_index_dir
+    from prorag.retrieval.index import load_index_dir
 
-    parser = argparse.ArgumentParser(prog="python -m prorag.retrieval.server", description=__doc__.split("\n")[0])
-    parser.add_argument("--index-dir", required=True, help="index directory written by save_index_dir")
-    parser.add_argument("--retriever", choices=RETRIEVER_KINDS, default="dense")
-    parser.add_argument("--host", default=DEFAULT_HOST)
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--default-topk", type=int, default=3)
-    parser.add_argument("--max-topk", type=int, default=100)
-    parser.add_argument("--max-queries", type=int, default=256)
-    parser.add_argument("--batch-window-ms", type=float, default=5.0)
-    parser.add_argument("--threads", type=int, default=None, help="FAISS OpenMP threads (default: all CPUs)")
-    parser.add_argument("--nprobe", type=int, default=None)
-    parser.add_argument("--use-gpu", action="store_true", help="search the FAISS index on all GPUs")
-    parser.add_argument("--device", default=None, help="embedder device, e.g. cpu or cuda")
-    parser.add_argument("--log-level", default="info")
-    parser.add_argument("--knowledge-graph", default=None,
-                        help="knowledge-graph directory (kg_extraction) for --retriever kag / kag_concat")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     index = load_index_dir(
         args.index_dir,

@@ -22,23 +22,31 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line options of ``prorag serve``."""
-    parser = argparse.ArgumentParser(prog="prorag serve", description=__doc__.split("\n")[0].strip("`. "))
+    parser = argparse.ArgumentParser(
+        prog="prorag serve",
+        description="Serve a causal LM (bundled:…, a local folder, a hub name) with the OpenAI API: /v1/models, "
+                    "/v1/completions, /v1/chat/completions (also `python -m prorag.serving`).")
     parser.add_argument("--model", required=True, help="model spec, e.g. bundled:smollm2-135m-instruct")
     parser.add_argument("--served-model-name", default=None, help="name clients use (default: the spec)")
-    parser.add_argument("--host", default=DEFAULT_HOST)
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--batch-size", type=int, default=8, help="rows per model.generate call")
-    parser.add_argument("--max-batch-size", type=int, default=8, help="prompts gathered into one generate call")
-    parser.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to wait for more requests")
-    parser.add_argument("--max-tokens-limit", type=int, default=4096)
+    parser.add_argument("--host", default=DEFAULT_HOST, help="interface to bind (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="dtype of the weights (default: %(default)s)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=8, help="rows per model.generate call (default: %(default)s)")
+    parser.add_argument("--max-batch-size", type=int, default=8,
+                        help="prompts gathered into one generate call (default: %(default)s)")
+    parser.add_argument("--batch-wait-ms", type=float, default=5.0,
+                        help="how long to wait for more requests (default: %(default)s)")
+    parser.add_argument("--max-tokens-limit", type=int, default=4096,
+                        help="largest max_tokens a request may ask (default: %(default)s)")
     parser.add_argument("--default-max-tokens", type=int, default=None, help="default: min(256, limit)")
-    parser.add_argument("--max-n", type=int, default=16)
+    parser.add_argument("--max-n", type=int, default=16, help="most completions per request (default: %(default)s)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice; 1 is often faster on shared CPUs)")
     parser.add_argument("--api-key", default=None, help="require this bearer token (default: $PRORAG_SERVE_API_KEY)")
-    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                        help="logging level of the server and uvicorn (default: %(default)s)")
     return parser
 
 

@@ -26,6 +26,10 @@ out-of-range ``n``/``max_tokens``/…), 401 for a missing or wrong key when ``ap
 ``application/json``, 500 only when generation fails; a bad request never drops the keep-alive connection
 (:mod:`prorag.serving.guard`). By default only loopback ``Host`` names are answered (400 otherwise): pass
 ``allowed_hosts=None`` when the server is deliberately bound to another interface.
+
+Hand-written rather than ``transformers serve`` (5.23): that server ignores ``logprobs``/``top_logprobs``/``n`` with
+a warning, has no API key, no LoRA adapters and no Host check, and loads any model on an unauthenticated
+``/load_model``; vLLM has no CPU build here. Point ``policy.backend: openai`` at vLLM on GPUs.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ T = TypeVar("T")
 
 
 class MicroBatcher(Generic[ItemT]):
+    # Kept: `transformers serve` batches (continuous batching runs on CPU) but ignores logprobs and n and has no key,
+    # LoRA or Host checks; vLLM has no CPU build here; `batched` sleeps its full window on every short queue and has no
+    # multi-unit requests or grouping by sampling parameters. This one also batches the retrieval server's searches.
     """Gathers requests for up to ``window_s`` (or until ``max_size`` units are queued) into one batch.
 
     Requests queued while a batch is executing are taken without waiting, so under load batches fill up

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from prorag.config import StrictModel, register_parameters
 
@@ -28,15 +28,29 @@ _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/@?#]+)@")
 _METRIC_KEY_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
 REDACTED = "***"
+DEFAULT_INPUT_DATASETS = ("questions", "passages", "index_questions", "index_passages", "rollout_questions",
+                          "rl_questions")
 
 
 @register_parameters("tracking")
 class TrackingParams(StrictModel):
-    """``tracking`` parameters: where runs go. The URI itself comes from ``MLFLOW_TRACKING_URI``."""
+    """``tracking`` parameters: where runs go and what they hold. The URI itself comes from
+    ``MLFLOW_TRACKING_URI``."""
 
     experiment_name: str = "prorag"
     enabled: bool = True
     log_artifacts: bool = True
+    system_metrics: bool = True
+    """CPU, memory, disk, network (and GPU) use logged to the parent run as ``system/*`` metrics."""
+    trace_samples: int = Field(default=5, ge=0)
+    """Rollouts per method logged as MLflow traces in the method's run; 0 logs none."""
+    log_models: bool = True
+    """LoRA adapters (PEFT folders) logged as MLflow models loadable with ``mlflow.pyfunc.load_model`` (when
+    ``log_artifacts``)."""
+    registered_model_prefix: str | None = Field(default="prorag-", pattern=r"^[A-Za-z0-9_.\-]*$")
+    """Logged adapters are registered as ``<prefix><dataset>`` (``prorag-sft_adapter``); null: not registered."""
+    input_datasets: list[str] = Field(default_factory=lambda: list(DEFAULT_INPUT_DATASETS))
+    """Catalog datasets logged as run inputs (with a content digest) when a run loads or saves them."""
 
 
 def default_tracking_uri(project_path: str | os.PathLike[str]) -> str:

@@ -5,7 +5,8 @@
 in-process generator, so the rollout, RL and evaluation nodes show prefill vs decode and the cache hit rate).
 At the end of the run (or on failure, with the nodes that finished) it writes
 ``data/08_reporting/node_timing.csv`` and ``.md`` and, when an MLflow run is open, logs both as artifacts and
-each node's numbers as ``node_timing.<node>.<column>`` metrics.
+each node's numbers as ``node_timing.<node>.<column>`` metrics, ``<node>`` being the node's full, namespaced name
+(``node_timing.rl.train_rl.seconds``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class NodeTimingHook:
         self._log_artifacts = True
 
     @hook_impl
-    def before_pipeline_run(self, run_params: dict[str, Any], catalog: Any = None) -> None:
+    def before_pipeline_run(self, run_params: dict[str, Any], catalog: Any) -> None:  # no default: pluggy passes none
         self._rows = []
         self._started = {}
         self._run_started = time.perf_counter()

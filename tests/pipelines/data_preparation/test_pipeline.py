@@ -11,6 +11,7 @@ from kedro.runner import SequentialRunner
 
 from prorag.config import ParameterError
 from prorag.data import DataFileError
+from prorag.datasets import RawFilesDataset
 from prorag.pipelines.data_preparation import create_pipeline
 from prorag.pipelines.data_preparation.params import DataPreparationParams
 
@@ -24,7 +25,9 @@ def _params(**overrides):
 
 
 def _run(params):
-    catalog = DataCatalog({"params:data_preparation": MemoryDataset(params)})
+    catalog = DataCatalog({"params:data_preparation": MemoryDataset(params),
+                           "raw_question_files": RawFilesDataset(filepath=f"{RAW}/qa"),
+                           "raw_corpus_files": RawFilesDataset(filepath=f"{RAW}/corpus")})
     outputs = SequentialRunner().run(create_pipeline(), catalog)
     return {name: value.load() if hasattr(value, "load") else value for name, value in outputs.items()}
 
@@ -60,6 +63,28 @@ def test_same_question_in_two_files_is_an_error(tmp_path, project_root, monkeypa
         _run(_params(question_files=[f"{RAW}/qa/popqa.jsonl", str(copy)]))
 
 
+def test_a_missing_file_names_its_parameter_and_what_the_raw_folder_has(project_root, monkeypatch):
+    monkeypatch.chdir(project_root)
+    with pytest.raises(DataFileError, match=r"qa/nope\.jsonl: file not found \(listed in parameter 'data_prepar"
+                                            r"ation\.question_files'; data/01_raw/qa has: bamboogle\.jsonl, "):
+        _run(_params(question_files=[f"{RAW}/qa/nope.jsonl"]))
+    with pytest.raises(DataFileError, match=r"'data_preparation\.corpus_files'; data/01_raw/corpus has: hotpotqa"):
+        _run(_params(corpus_files=[f"{RAW}/corpus/nope.jsonl"]))
+
+
+def test_held_out_files_outside_the_raw_folder_are_read_with_file_and_line_errors(tmp_path, project_root,
+                                                                                   monkeypatch):
+    monkeypatch.chdir(project_root)
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join((project_root / RAW / "qa" / "popqa.jsonl").read_text().splitlines(True)[:3]))
+    outputs = _run(_params(question_files=[str(held_out)], max_questions_per_source=None))
+    assert outputs["data_report"]["questions_total"] == 3
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "question": "q", "golden_answers": ["a"], "dataset": "d"}\n{"id": 2,\n')
+    with pytest.raises(DataFileError, match=r"bad\.jsonl:2: malformed JSON"):
+        _run(_params(question_files=[str(bad)]))
+
+
 def test_parameters_reject_unknown_keys_and_repeats():
     with pytest.raises(ValueError, match="max_question_per_source"):
         DataPreparationParams(question_files=["a"], max_question_per_source=3)
@@ -73,24 +98,38 @@ def _session_run(project, **runtime_params):
         return session.run(pipeline_names=["data_preparation"])
 
 
-def test_run_is_tracked_in_mlflow(project_copy, mlflow_uri):
+def test_run_is_tracked_in_mlflow(project_copy, mlflow_uri, monkeypatch):
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")  # MLflow's default, 10 s, outlasts the run
     _session_run(project_copy, data_preparation={"max_questions_per_source": 5},
                  tracking={"experiment_name": "prorag-test"})
     mlflow.set_tracking_uri(mlflow_uri)
-    [run] = mlflow.search_runs(experiment_names=["prorag-test"], output_format="list")
-    assert run.info.status == "FINISHED"
-    tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
-    assert tags["kedro.pipeline"] == "data_preparation"
+    runs = mlflow.search_runs(experiment_names=["prorag-test"], output_format="list")
+    [run] = [item for item in runs if "mlflow.parentRunId" not in item.data.tags]  # the parent of the kedro run
+    [stage] = [item for item in runs if item.data.tags.get("mlflow.parentRunId") == run.info.run_id]
+    assert run.info.status == stage.info.status == "FINISHED"
+    tags, params = run.data.tags, run.data.params
+    assert tags["kedro.pipeline"] == "data_preparation" and tags["prorag.kind"] == "pipeline"
     session_id = tags["kedro.session_id"]
     assert (project_copy / "data/08_reporting/data_report.json" / session_id / "data_report.json").is_file()
     assert json.loads(tags["kedro.runtime_params"])["data_preparation.max_questions_per_source"] == 5
     assert "git.sha" in tags
     assert params["data_preparation.max_questions_per_source"] == "5"
     assert params["tracking.experiment_name"] == "prorag-test"
-    assert metrics["data_report.questions_total"] == 35  # 7 question files, first 5 of each
-    assert metrics["data_report.passages_total"] == 23575
-    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "reporting")}
-    assert artifacts == {"reporting/data_report", "reporting/data_report_table", "reporting/node_timing"}
+    assert "system/cpu_utilization_percentage" in run.data.metrics
+    inputs = {item.dataset.name: item for item in run.inputs.dataset_inputs}
+    assert set(inputs) == {"questions", "passages"}
+    assert json.loads(inputs["questions"].dataset.profile)["num_rows"] == 35
+    assert [(tag.key, tag.value) for tag in inputs["questions"].tags] == [("mlflow.data.context", "data_preparation")]
+    assert mlflow.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert stage.info.run_name == "data_preparation" and stage.data.tags["prorag.stage"] == "data_preparation"
+    assert stage.data.tags["kedro.session_id"] == session_id
+    assert stage.data.params["data_preparation.max_questions_per_source"] == "5"
+    assert stage.data.metrics["data_report.questions_total"] == 35  # 7 question files, first 5 of each
+    assert stage.data.metrics["data_report.passages_total"] == 23575
+    client = mlflow.MlflowClient()
+    assert {a.path for a in client.list_artifacts(stage.info.run_id, "reporting")} == {
+        "reporting/data_report", "reporting/data_report_table"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "reporting")} == {"reporting/node_timing"}
 
 
 def test_failed_run_is_marked_failed_with_file_and_line(project_copy, mlflow_uri):
@@ -99,9 +138,11 @@ def test_failed_run_is_marked_failed_with_file_and_line(project_copy, mlflow_uri
     with pytest.raises(DataFileError, match=r"bad\.jsonl:2"):
         _session_run(project_copy, data_preparation={"question_files": [str(bad)]})
     mlflow.set_tracking_uri(mlflow_uri)
-    [run] = mlflow.search_runs(experiment_names=["prorag"], output_format="list")
-    assert run.info.status == "FAILED"
-    assert "bad.jsonl:2" in run.data.tags["error"]
+    runs = mlflow.search_runs(experiment_names=["prorag"], output_format="list")
+    [run] = [item for item in runs if "mlflow.parentRunId" not in item.data.tags]
+    [stage] = [item for item in runs if item.data.tags.get("mlflow.parentRunId") == run.info.run_id]
+    assert run.info.status == stage.info.status == "FAILED"
+    assert "bad.jsonl:2" in run.data.tags["error"] and "bad.jsonl:2" in stage.data.tags["error"]
 
 
 def test_missing_data_file_names_its_path(project_copy, mlflow_uri):

@@ -82,9 +82,10 @@ def test_attach_rejects_a_graph_from_another_embedder(index, tmp_path):
 def test_registered_pipelines():
     pipelines = register_pipelines()
     names = {node.name for node in pipelines["kg_extraction"].nodes}
-    assert names == {"select_kg_chunks", "extract_kg_triplets", "build_knowledge_graph", "report_kg_extraction"}
+    assert names == {"kg_extraction.select_kg_chunks", "kg_extraction.extract_kg_triplets",
+                     "kg_extraction.build_knowledge_graph", "kg_extraction.report_kg_extraction"}
     assert "kag_retrieval_index" in {node.outputs[0] for node in pipelines["rollout_kag"].nodes
-                                     if node.name == "attach_knowledge_graph"}
+                                     if node.name == "kg_extraction.attach_knowledge_graph"}
     assert "kag_retrieval_index" in pipelines["rollout_kag"].all_inputs()
 
 

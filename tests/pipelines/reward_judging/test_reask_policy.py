@@ -6,14 +6,13 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from prorag.agent import build_policy, record_policy
 from prorag.agent.trajectory import Rollout
 from prorag.data.records import Passage
 from prorag.judges.detection import reask_messages
 from prorag.llm.generation import SamplingParams, generate_chat
-from prorag.llm.registry import BUNDLED_TINY_LLAMA, load_causal_lm
+from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.pipelines.reward_judging.nodes import judge_trajectories
 from prorag.pipelines.reward_judging.params import RewardJudgingParams
 from prorag.retrieval import build_retrieval_index
@@ -26,21 +25,8 @@ QUERY = "Jaws director"
 
 
 @pytest.fixture(scope="module")
-def adapter_dir(tmp_path_factory) -> str:
-    """A LoRA adapter on the tiny model whose B matrices are non-zero, so it changes what the model writes."""
-    from peft import LoraConfig, get_peft_model
-
-    model, _ = load_causal_lm(BUNDLED_TINY_LLAMA)
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj", "o_proj"],
-                                                  task_type="CAUSAL_LM"))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in peft_model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    folder = tmp_path_factory.mktemp("adapter") / "sft_adapter"
-    peft_model.save_pretrained(str(folder))
-    return str(folder)
+def adapter_dir(tiny_lora_adapter: str) -> str:
+    return tiny_lora_adapter
 
 
 @pytest.fixture(scope="module")

@@ -87,14 +87,14 @@ def test_train_evaluates_base_sft_and_rl_policies_together():
     pipelines = register_pipelines()
     train = pipelines["train"]
     names = {node.name for node in train.nodes}
-    assert {"build_index", "synthesize_sft_data", "train_sft", "train_rl", "sft.run_policy_rollouts",
-            "rl.run_policy_rollouts", "concat_trajectories", "evaluate_trajectories",
-            "judge_trajectories"} <= names
-    concat = next(node for node in train.nodes if node.name == "concat_trajectories")
+    assert {"corpus_indexing.build_index", "sft_synthesis.synthesize_sft_data", "sft.train_sft", "rl.train_rl",
+            "sft.run_policy_rollouts", "rl.run_policy_rollouts", "evaluation.concat_trajectories",
+            "evaluation.evaluate_trajectories", "reward_judging.judge_trajectories"} <= names
+    concat = next(node for node in train.nodes if node.name == "evaluation.concat_trajectories")
     assert concat.inputs == ["trajectories", "sft_policy_trajectories", "rl_policy_trajectories"]
     assert pipelines["__default__"] is train
     train_rl_pipeline = pipelines["train_rl"]
-    evaluate = next(node for node in train_rl_pipeline.nodes if node.name == "evaluate_trajectories")
+    evaluate = next(node for node in train_rl_pipeline.nodes if node.name == "evaluation.evaluate_trajectories")
     assert evaluate.inputs == ["rl_policy_trajectories"]
-    assert "run_rollouts" not in {node.name for node in train_rl_pipeline.nodes}
+    assert "rollout.run_rollouts" not in {node.name for node in train_rl_pipeline.nodes}
 

@@ -106,8 +106,8 @@ def test_parameters_are_strict():
 def test_registry_composes_train():
     pipelines = register_pipelines()
     train = {node.name for node in pipelines["train"].nodes}
-    assert {"load_question_files", "build_index", "run_rollouts", "evaluate_trajectories",
-            "judge_trajectories"} <= train
+    assert {"data_preparation.load_question_files", "corpus_indexing.build_index", "rollout.run_rollouts",
+            "evaluation.evaluate_trajectories", "reward_judging.judge_trajectories"} <= train
 
 
 def test_every_registered_protocol_is_a_selectable_evaluation_method(questions, index):

@@ -72,6 +72,7 @@ def test_method_names_are_unique_across_base_and_trained_policies():
 def test_train_sft_pipeline_evaluates_base_and_sft_together():
     train_sft_pipeline = register_pipelines()["train_sft"]
     names = {node.name for node in train_sft_pipeline.nodes}
-    assert {"synthesize_sft_data", "train_sft", "sft.run_policy_rollouts", "evaluate_trajectories"} <= names
-    evaluate = next(node for node in train_sft_pipeline.nodes if node.name == "evaluate_trajectories")
+    assert {"sft_synthesis.synthesize_sft_data", "sft.train_sft", "sft.run_policy_rollouts",
+            "evaluation.evaluate_trajectories"} <= names
+    evaluate = next(node for node in train_sft_pipeline.nodes if node.name == "evaluation.evaluate_trajectories")
     assert evaluate.inputs == ["all_trajectories"]

@@ -75,6 +75,7 @@ def test_sft_ip_dpo_and_rollouts_chain(questions, index, tmp_path, one_torch_thr
 def test_registered_pipeline() -> None:
     pipelines = register_pipelines()
     names = {node.name for node in pipelines["train_tearag"].nodes}
-    assert {"build_index", "extract_kg_triplets", "build_tearag_sft_data", "train_tearag_sft", "run_ip_dpo_rounds",
-            "run_tearag_rollouts", "evaluate_trajectories", "judge_trajectories"} <= names
+    assert {"corpus_indexing.build_index", "kg_extraction.extract_kg_triplets", "tearag.build_tearag_sft_data",
+            "tearag.train_tearag_sft", "tearag.run_ip_dpo_rounds", "tearag.run_tearag_rollouts",
+            "evaluation.evaluate_trajectories", "reward_judging.judge_trajectories"} <= names
     assert {"tearag_evaluation_table", "tearag_ip_dpo_metrics"} <= pipelines["train_tearag"].all_outputs()

@@ -8,13 +8,23 @@ from typing import Any
 
 import pandas as pd
 
-from prorag.data import DataFileError, Passage, Question, deduplicate_passages, load_questions, read_corpus_files
+from prorag.data import (
+    DataFileError,
+    Passage,
+    Question,
+    RawFiles,
+    deduplicate_passages,
+    load_questions,
+    read_corpus_files,
+)
 from prorag.metrics import cover_exact_match
 from prorag.pipelines.data_preparation.params import DataPreparationParams
 
 
-def load_question_files(params: DataPreparationParams) -> list[dict[str, Any]]:
-    """Read, validate and normalize every configured question file into one list of records."""
+def load_question_files(raw_files: RawFiles, params: DataPreparationParams) -> list[dict[str, Any]]:
+    """Read, validate and normalize every configured question file into one list of records (``raw_files``, the
+    raw folder, names what is there when a configured file is missing)."""
+    raw_files.check(params.question_files, "data_preparation.question_files")
     questions: list[Question] = []
     origin: dict[str, str] = {}
     for path in params.question_files:
@@ -29,11 +39,13 @@ def load_question_files(params: DataPreparationParams) -> list[dict[str, Any]]:
     return [question.to_dict() for question in questions]
 
 
-def load_corpus_files(params: DataPreparationParams) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Read, validate, normalize and deduplicate every configured corpus file.
+def load_corpus_files(raw_files: RawFiles, params: DataPreparationParams,
+                      ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Read, validate, normalize and deduplicate every configured corpus file (``raw_files`` as for questions).
 
     Returns the passages and a summary: passages per file and exact duplicates dropped.
     """
+    raw_files.check(params.corpus_files, "data_preparation.corpus_files")
     read, origins = read_corpus_files(params.corpus_files)
     passages = deduplicate_passages(read, origins)
     per_file = Counter(origin.rsplit(":", 1)[0] for origin in origins)

@@ -2,12 +2,14 @@
 
 from kedro.pipeline import Node, Pipeline
 
+from prorag.pipelines import tags
 from prorag.pipelines.evaluation.nodes import evaluate_trajectories
 
 
 def create_pipeline(**kwargs: object) -> Pipeline:
-    """Summarize the trajectories."""
+    """Summarize the trajectories (namespace ``evaluation``)."""
     return Pipeline([
         Node(evaluate_trajectories, "trajectories", ["evaluation_table", "evaluation_metrics"],
              name="evaluate_trajectories"),
-    ])
+    ], namespace="evaluation", prefix_datasets_with_namespace=False, tags=[tags.EVALUATION])
+

@@ -2,11 +2,12 @@
 
 from kedro.pipeline import Node, Pipeline
 
+from prorag.pipelines import tags
 from prorag.pipelines.reasonrag_data.nodes import build_reasonrag_pairs, run_reasonrag_mcts, select_reasonrag_questions
 
 
 def create_pipeline(**kwargs: object) -> Pipeline:
-    """Select the questions, search their trees, build and report the pairs."""
+    """Select the questions, search their trees, build and report the pairs (namespace ``reasonrag_data``)."""
     return Pipeline([
         Node(select_reasonrag_questions, ["index_questions", "rollout_questions", "params:reasonrag_data"],
              "reasonrag_questions", name="select_reasonrag_questions"),
@@ -15,4 +16,4 @@ def create_pipeline(**kwargs: object) -> Pipeline:
              "reasonrag_trees", name="run_reasonrag_mcts"),
         Node(build_reasonrag_pairs, ["reasonrag_trees", "params:reasonrag_data"],
              ["reasonrag_pairs", "reasonrag_data_metrics", "reasonrag_data_report"], name="build_reasonrag_pairs"),
-    ])
+    ], namespace="reasonrag_data", prefix_datasets_with_namespace=False, tags=[tags.TRAINING, tags.REASONRAG])

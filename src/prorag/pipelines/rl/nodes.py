@@ -62,6 +62,16 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
     return str(adapter), steps
 
 
+def train_rl_from_instruct(question_records: list[dict[str, Any]], index: RetrievalIndex, params: RLParams,
+                           policy: PolicySpec, agent: TrainedAgentSpec,
+                           reward: RewardSpec) -> tuple[str, list[dict[str, Any]]]:
+    """:func:`train_rl` from the instruct model itself, with no SFT adapter (``rl.init`` must be ``instruct``)."""
+    if params.init != "instruct":
+        raise ValueError("this pipeline trains from the instruct model (no SFT stage): set rl.init: instruct, or run "
+                         "train / train_rl to continue the SFT adapter")
+    return train_rl(question_records, index, "", params, policy, agent, reward)
+
+
 def run_fingerprint(params: RLParams, sft_adapter: str, questions: list[Question], policy: PolicySpec,
                     agent: TrainedAgentSpec, reward: RewardSpec) -> str:
     """A short hash of everything that determines a training run (the checkpoint folder's name)."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from prorag.agent import Rollout, build_policy, build_retriever, build_runner, record_policy
 from prorag.data import Question, select_questions
-from prorag.pipelines.rollout.params import RolloutParams
+from prorag.pipelines.rollout.params import QuestionSelection, RolloutParams
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import MethodSpec, PolicySpec, TrainedAgentSpec
 
@@ -15,13 +15,18 @@ from prorag.specs import MethodSpec, PolicySpec, TrainedAgentSpec
 def select_rollout_questions(question_records: list[dict[str, Any]], params: RolloutParams) -> list[dict[str, Any]]:
     """The first ``max_per_source`` questions of each selected source; unknown sources are an error. Questions of a
     train split (e.g. ``musique_train``) are evaluation-free unless ``rollout.questions.include_train_split``."""
+    return pick_questions(question_records, params.questions, setting="rollout.questions.sources")
+
+
+def pick_questions(question_records: list[dict[str, Any]], selection: QuestionSelection, *,
+                   setting: str) -> list[dict[str, Any]]:
+    """The records of the questions ``selection`` picks (in input order); ``setting`` names it in errors."""
     questions = [Question.from_dict(record) for record in question_records]
     chosen = {question.key for question in select_questions(
-        questions, params.questions.sources, max_per_source=params.questions.max_per_source,
-        exclude_split_kinds=() if params.questions.include_train_split else ("train",),
-        setting="rollout.questions.sources")}
+        questions, selection.sources, max_per_source=selection.max_per_source,
+        exclude_split_kinds=() if selection.include_train_split else ("train",), setting=setting)}
     if not chosen:
-        raise ValueError("rollout.questions selects no question")
+        raise ValueError(f"{setting.rsplit('.', 1)[0]} selects no question")
     return [record for record, question in zip(question_records, questions, strict=True) if question.key in chosen]
 
 

@@ -1,0 +1,63 @@
+"""A read-only dataset of several versioned datasets' latest versions, each optional.
+
+Catalog entry::
+
+    trained_artifacts:
+      type: prorag.datasets.LatestVersionsDataset
+      datasets:
+        sft_adapter:
+          type: prorag.datasets.DirectoryDataset
+          filepath: data/06_models/sft_adapter
+          made_by: train_sft            # the pipeline that writes it, named when it has no version yet
+        ...
+
+Loads ``{name: {"data": <the dataset's load()>, "version": <its version>, "made_by": ...}}``, with ``data`` and
+``version`` None for a dataset that has no version yet — so a node can use what has been trained and name what has
+not (the compare pipeline), where a plain catalog input would fail the whole run. Kedro's own versioning finds the
+latest version, through the dataset type each entry names.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kedro.io.core import AbstractDataset, DatasetError, VersionNotFoundError
+
+
+class LatestVersionsDataset(AbstractDataset[None, dict[str, dict[str, Any]]]):
+    """Loads the latest version of each configured versioned dataset, or None where there is none."""
+
+    def __init__(self, *, datasets: dict[str, dict[str, Any]], metadata: dict[str, Any] | None = None) -> None:
+        self._entries: dict[str, tuple[dict[str, Any], str | None]] = {}
+        for name, config in datasets.items():
+            if not isinstance(config, dict) or "type" not in config:
+                raise DatasetError(f"LatestVersionsDataset: entry {name!r} needs a dataset 'type' (and its arguments)")
+            entry = copy.deepcopy(config)
+            made_by = entry.pop("made_by", None)
+            entry.pop("versioned", None)
+            self._entries[name] = ({**entry, "versioned": True}, made_by)
+        self.metadata = metadata
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        loaded: dict[str, dict[str, Any]] = {}
+        for name, (config, made_by) in self._entries.items():
+            dataset = AbstractDataset.from_config(name, copy.deepcopy(config))
+            try:
+                version = dataset.resolve_load_version()  # type: ignore[attr-defined]
+                data = dataset.load()
+            except VersionNotFoundError:
+                version, data = None, None
+            except DatasetError as error:
+                if "Did not find any versions" not in str(error):
+                    raise
+                version, data = None, None
+            loaded[name] = {"data": data, "version": version, "made_by": made_by}
+        return loaded
+
+    def save(self, data: None) -> None:
+        raise DatasetError("LatestVersionsDataset is read-only: each entry is saved by the pipeline that makes it")
+
+    def _describe(self) -> dict[str, Any]:
+        return {name: {"filepath": config.get("filepath"), "made_by": made_by}
+                for name, (config, made_by) in self._entries.items()}

@@ -1,0 +1,162 @@
+"""Nodes of the compare pipeline."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from prorag.agent import Rollout, build_policy, build_retriever, build_runner, record_policy
+from prorag.data import Question
+from prorag.judges.factory import build_judge
+from prorag.pipelines.compare.params import CompareArm, CompareParams
+from prorag.pipelines.kg_extraction.params import KgExtractionParams
+from prorag.pipelines.rollout.nodes import pick_questions
+from prorag.pipelines.tearag.params import TeaRAGParams
+from prorag.reporting.comparison import (
+    ComparisonInputs,
+    accuracy_figure,
+    comparison_table,
+    efficiency_figure,
+    render_report,
+    search_figure,
+)
+from prorag.retrieval import RetrievalIndex
+from prorag.specs import MethodSpec, PolicySpec, RetrieverSpec, TrainedAgentSpec
+
+logger = logging.getLogger(__name__)
+
+KNOWLEDGE_GRAPH = "knowledge_graph"
+"""The ``trained_artifacts`` entry the ``kag`` retrievers need."""
+
+
+def select_compare_questions(question_records: list[dict[str, Any]], params: CompareParams) -> list[dict[str, Any]]:
+    """The first ``compare.questions.max_per_source`` dev/test questions of each source (all indexed sources by
+    default): every arm answers the same questions, so their scores pair up."""
+    return pick_questions(question_records, params.questions, setting="compare.questions.sources")
+
+
+def run_compare_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex,
+                         artifacts: dict[str, dict[str, Any]], params: CompareParams, policy: PolicySpec,
+                         agent: TrainedAgentSpec, reasonrag_agent: TrainedAgentSpec, tearag: TeaRAGParams,
+                         kg: KgExtractionParams) -> tuple[list[dict[str, Any]], pd.DataFrame]:
+    """Every arm on the same questions: baselines and prompted agents with the base policy, trained agents with
+    the latest version of their adapter (in their own protocol and budgets). Returns the trajectories (method =
+    arm name) and one row per arm — what it ran (policy, adapter version) or why it was skipped and which
+    pipeline makes what it lacks."""
+    questions = [Question.from_dict(record) for record in question_records]
+    blocks = {"agent": agent, "reasonrag_agent": reasonrag_agent, "tearag": tearag.agent}
+    plans, rows = [], []
+    for arm in params.arms:
+        missing = _missing_artifact(arm, artifacts, params, tearag)
+        if missing is not None:
+            if not params.skip_untrained:
+                raise ValueError(f"compare arm {arm.name!r}: {missing}")
+            logger.warning("compare: skipping %s: %s", arm.name, missing)
+            rows.append(_arm_row(arm, "skipped", missing))
+            continue
+        arm_policy = policy
+        version = None
+        if arm.adapter is not None:
+            arm_policy = policy.with_trained(artifacts[arm.adapter]["data"])
+            version = artifacts[arm.adapter]["version"]
+        plans.append((arm, _method(arm, blocks), arm_policy, _retriever_spec(arm, params, tearag)))
+        rows.append(_arm_row(arm, "ran", "", version=version))
+    if KNOWLEDGE_GRAPH in artifacts and artifacts[KNOWLEDGE_GRAPH]["data"] is not None and any(
+            spec.kind.startswith("kag") for *_, spec in plans):
+        index.attach_knowledge_graph(artifacts[KNOWLEDGE_GRAPH]["data"], kg.kag.settings())
+    records: list[dict[str, Any]] = []
+    # arms that share a policy run back to back, so each policy is loaded once
+    plans.sort(key=lambda plan: json.dumps(plan[2].model_dump(), sort_keys=True))
+    generator, loaded = None, None
+    for arm, method, arm_policy, retriever_spec in plans:
+        key = json.dumps(arm_policy.model_dump(), sort_keys=True)
+        if key != loaded:
+            generator, loaded = None, None  # free the previous policy before loading the next
+            generator, loaded = build_policy(arm_policy), key
+        runner = build_runner(method, generator, build_retriever(retriever_spec, index), top_k=retriever_spec.top_k,
+                              sampling=params)
+        logger.info("compare: %s on %d questions", arm.name, len(questions))
+        records.extend(rollout.to_dict() for rollout in record_policy(runner(questions), arm_policy))
+    return records, pd.DataFrame(rows, columns=["arm", "status", "reason", "adapter", "adapter_version"])
+
+
+def judge_compare_answers(trajectory_records: list[dict[str, Any]], params: CompareParams) -> pd.DataFrame:
+    """The LLM judge's verdict on every final answer (``compare.answer_judge``; the multi-stage paper's LasJ):
+    ``correct`` is true, false or empty — *unknown* (a timeout, an error, an unparsable reply) is never counted
+    as correct. An empty table when no judge is configured."""
+    columns = ["method", "question_key", "dataset", "sample_index", "correct", "error"]
+    if params.answer_judge is None:
+        return pd.DataFrame(columns=columns)
+    rollouts = [Rollout.from_dict(record) for record in trajectory_records]
+    judge = build_judge(**params.answer_judge.model_dump())
+    verdicts = judge.answer_correct([(r.question, tuple(r.golden_answers), r.answer or "") for r in rollouts])
+    return pd.DataFrame([{"method": r.method, "question_key": r.question_key, "dataset": r.dataset,
+                          "sample_index": r.sample_index, "correct": verdict.value, "error": verdict.error}
+                         for r, verdict in zip(rollouts, verdicts, strict=True)], columns=columns)
+
+
+def report_comparison(trajectory_records: list[dict[str, Any]], arms: pd.DataFrame, judge_metrics: dict[str, Any],
+                      answer_verdicts: pd.DataFrame, params: CompareParams,
+                      ) -> tuple[pd.DataFrame, pd.DataFrame, str, Figure, Figure, Figure, dict[str, Any]]:
+    """The comparison a paper would print: per arm and dataset (and macro-averaged over datasets) EM, F1 and CEM
+    with 95% intervals, format, steps, retrievals, tokens, OSR/USR with the unknown rate and LLM-judge accuracy;
+    paired tests between every two arms; a Markdown report; the accuracy, efficiency and search-behaviour plots;
+    and the macro figures per arm as metrics."""
+    inputs = ComparisonInputs(
+        rollouts=[Rollout.from_dict(record) for record in trajectory_records], arms=arms,
+        judge_metrics=judge_metrics, answer_verdicts=answer_verdicts, reference=params.reference,
+        answer_judge=None if params.answer_judge is None else {
+            "model": params.answer_judge.model, "base_url": params.answer_judge.base_url,
+            "timeout": params.answer_judge.timeout, "max_retries": params.answer_judge.max_retries},
+        confidence=params.confidence, bootstrap_resamples=params.bootstrap_resamples,
+        permutation_resamples=params.permutation_resamples, seed=params.seed)
+    table, tests = comparison_table(inputs)
+    metrics = {row["method"]: {key: row[key] for key in ("cem", "em", "f1", "format_rate", "avg_retrieval_count",
+                                                         "avg_generated_tokens", "osr", "usr", "lasj")
+                               if key in row and pd.notna(row[key])}
+               for row in table[table["dataset"] == "macro"].to_dict("records")}
+    return (table, tests, render_report(inputs, table, tests), accuracy_figure(table),
+            efficiency_figure(table), search_figure(table), metrics)
+
+
+def _missing_artifact(arm: CompareArm, artifacts: dict[str, dict[str, Any]], params: CompareParams,
+                      tearag: TeaRAGParams) -> str | None:
+    needed = [] if arm.adapter is None else [arm.adapter]
+    if _retriever_spec(arm, params, tearag).kind.startswith("kag"):
+        needed.append(KNOWLEDGE_GRAPH)
+    for name in needed:
+        if name not in artifacts:
+            raise ValueError(f"compare arm {arm.name!r} names {name!r}, not an entry of the trained_artifacts "
+                             f"dataset ({', '.join(sorted(artifacts))}); add it in conf/base/catalog.yml")
+        if artifacts[name]["data"] is None:
+            made_by = artifacts[name].get("made_by")
+            hint = f": run `kedro run --pipeline={made_by}` first" if made_by else ""
+            return f"{name} has no version yet{hint}"
+    return None
+
+
+def _retriever_spec(arm: CompareArm, params: CompareParams, tearag: TeaRAGParams) -> RetrieverSpec:
+    if arm.retriever is not None:
+        return arm.retriever
+    if arm.agent == "tearag":
+        return RetrieverSpec(kind=tearag.retriever.kind, top_k=tearag.retriever.top_k)
+    return params.retriever
+
+
+def _method(arm: CompareArm, blocks: dict[str, TrainedAgentSpec | Any]) -> MethodSpec:
+    if arm.method is not None:
+        return MethodSpec(name=arm.name, **arm.method.model_dump())
+    block = blocks[arm.agent or "agent"].model_dump(exclude={"name"})
+    if arm.few_shot is not None:
+        block["few_shot"] = arm.few_shot
+    return MethodSpec(name=arm.name, kind="agent", **block)
+
+
+def _arm_row(arm: CompareArm, status: str, reason: str, *, version: str | None = None) -> dict[str, Any]:
+    return {"arm": arm.name, "status": status, "reason": reason, "adapter": arm.adapter or "",
+            "adapter_version": version or ""}
+

@@ -1,0 +1,36 @@
+"""Compare: questions → every arm's rollouts → search judging → optional LLM answer judge → table, tests, report."""
+
+from kedro.pipeline import Node, Pipeline, pipeline
+
+from prorag.pipelines import reward_judging, tags
+from prorag.pipelines.compare.nodes import (
+    judge_compare_answers,
+    report_comparison,
+    run_compare_rollouts,
+    select_compare_questions,
+)
+
+
+def create_pipeline(**kwargs: object) -> Pipeline:
+    """Needs ``index_questions`` and ``retrieval_index`` (``kedro run --pipeline=index``) and reads whatever
+    ``trained_artifacts`` exist; OSR/USR come from the reward-judging pipeline run on the compare trajectories."""
+    judged = pipeline(reward_judging.create_pipeline(), inputs={"trajectories": "compare_trajectories"},
+                      outputs={"step_verdicts": "compare_step_verdicts",
+                               "trajectory_rewards": "compare_trajectory_rewards",
+                               "judge_metrics": "compare_judge_metrics"})
+    return pipeline(Pipeline([
+        Node(select_compare_questions, ["index_questions", "params:compare"], "compare_questions",
+             name="select_compare_questions", tags=[tags.DATA]),
+        Node(run_compare_rollouts,
+             ["compare_questions", "retrieval_index", "trained_artifacts", "params:compare", "params:policy",
+              "params:agent", "params:reasonrag_agent", "params:tearag", "params:kg_extraction"],
+             ["compare_trajectories", "compare_arms"], name="run_compare_rollouts", tags=[tags.ROLLOUT]),
+        Node(judge_compare_answers, ["compare_trajectories", "params:compare"], "compare_answer_verdicts",
+             name="judge_compare_answers", tags=[tags.EVALUATION]),
+        Node(report_comparison,
+             ["compare_trajectories", "compare_arms", "compare_judge_metrics", "compare_answer_verdicts",
+              "params:compare"],
+             ["comparison_table", "comparison_tests", "comparison_report", "comparison_accuracy_plot",
+              "comparison_efficiency_plot", "comparison_search_plot", "comparison_metrics"],
+             name="report_comparison", tags=[tags.EVALUATION]),
+    ]) + judged, namespace="compare", prefix_datasets_with_namespace=False)

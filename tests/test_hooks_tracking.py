@@ -1,0 +1,204 @@
+"""The MLflow tracking hook through Kedro's runner: a parent run, a child run per stage and per evaluated method,
+traces of sampled rollouts with the judge's verdicts, and a LoRA adapter that loads back from the model registry
+and generates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+import pytest
+from kedro.framework.hooks.manager import _create_hook_manager
+from kedro.io import DataCatalog, MemoryDataset, Version
+from kedro.pipeline import Node, Pipeline
+from kedro.runner import SequentialRunner
+
+from prorag.agent.trajectory import Rollout, Segment
+from prorag.datasets import DirectoryDataset, JSONLinesDataset
+from prorag.hooks import MlflowTrackingHook
+from prorag.llm.registry import BUNDLED_TINY_LLAMA
+
+SAVE_VERSION = "2026-01-01T00.00.00.000Z"
+QUESTIONS = [{"id": str(index), "question": f"Question {index}?", "golden_answers": ["Paris"], "dataset": "popqa"}
+             for index in range(3)]
+
+
+@pytest.fixture(scope="module")
+def tiny_adapter(tmp_path_factory: pytest.TempPathFactory, one_torch_thread: None) -> str:
+    """A freshly initialised LoRA adapter on the tiny random Llama, as PEFT saves it."""
+    from peft import LoraConfig, get_peft_model
+
+    from prorag.llm.registry import load_causal_lm
+
+    model, _ = load_causal_lm(BUNDLED_TINY_LLAMA)
+    folder = tmp_path_factory.mktemp("trained") / "adapter"
+    get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
+                                     task_type="CAUSAL_LM")).save_pretrained(str(folder))
+    return str(folder)
+
+
+def rollout(method: str, question: dict[str, Any], adapter: str | None = None) -> dict[str, Any]:
+    """A HiPRAG-shaped rollout: a search step then a non-search step, with the policy that produced it."""
+    key = f"popqa/{question['id']}"
+    segments = [Segment("<think><step>", [1], "tag"), Segment("Look it up.<search>capital</search>", [2, 3, 4],
+                                                                "generated"),
+                Segment("<context>Doc 1(Title: Paris) capital</context>", [5, 6], "context"),
+                Segment("Paris.</step><answer>Paris</answer>", [7, 8], "generated")]
+    steps = [{"kind": "search", "reasoning": "r", "query": "capital", "context": "c", "conclusion": "Paris"},
+             {"kind": "non_search", "reasoning": "r", "query": None, "context": None, "conclusion": "Paris"}]
+    return Rollout(
+        question_key=key, question_id=question["id"], dataset="popqa", question=question["question"],
+        golden_answers=("Paris",), method=method, protocol="hiprag", prompt="<prompt>", prompt_token_ids=[0],
+        completion="".join(segment.text for segment in segments), segments=segments, steps=steps, format_ok=True,
+        n_steps=2, answer="Paris", stop_reason="answer", retrieval_count=1, queries=[f"capital of {key}"],
+        retrieved_ids=[["p1", "p2"]], generated_tokens=5, context_tokens=2, tag_tokens=1, turns=2,
+        metadata={"policy": {"model": BUNDLED_TINY_LLAMA, "adapter": adapter}}).to_dict()
+
+
+def prepare(params: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    return QUESTIONS, {"questions_total": len(QUESTIONS)}
+
+
+def run_rollouts(questions: list[dict[str, Any]], policy: dict[str, Any]) -> list[dict[str, Any]]:
+    return [rollout("hiprag", question) for question in questions]
+
+
+def make_train_sft(adapter: str) -> Callable[..., tuple[str, list[dict[str, Any]]]]:
+    def train_sft(trajectories: list[dict[str, Any]], sft: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+        mlflow.log_metric("sft.live_loss", 3.0, step=1)  # what the trainer callbacks do: into the active run
+        return adapter, [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]
+    return train_sft
+
+
+def run_policy_rollouts(questions: list[dict[str, Any]], adapter: str, policy: dict[str, Any],
+                        ) -> list[dict[str, Any]]:
+    return [rollout("hiprag_agent_sft", question, adapter) for question in questions]
+
+
+def concat(*sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [record for records in sets for record in records]
+
+
+def evaluate(trajectories: list[dict[str, Any]]) -> dict[str, Any]:
+    methods = sorted({record["method"] for record in trajectories})
+    return {method: {"popqa": {"cem": 0.5 + index / 4}, "all": {"cem": 0.5 + index / 4, "n": 3}}
+            for index, method in enumerate(methods)}
+
+
+def judge(trajectories: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], pd.DataFrame, dict[str, Any]]:
+    verdicts = [{"rollout_index": index, "skipped": False, "question_key": record["question_key"],
+                 "method": record["method"], "reask_policy": "tiny",
+                 "steps": [{"rollout_index": index, "step_index": 0, "kind": "search", "checked": True,
+                            "over": True, "under": None, "reask_answer": "Paris", "judge_raw": "same",
+                            "judge_error": None},
+                           {"rollout_index": index, "step_index": 1, "kind": "non_search", "checked": True,
+                            "over": None, "under": None, "reask_answer": None, "judge_raw": "",
+                            "judge_error": "no verdict in the reply"}]}
+                for index, record in enumerate(trajectories)]
+    rewards = pd.DataFrame([{"question_key": record["question_key"], "method": record["method"],
+                             "sample_index": 0, "reward": 0.75} for record in trajectories])
+    methods = sorted({record["method"] for record in trajectories})
+    metrics = {method: {"osr": 1.0, "reward": 0.75, "by_dataset": {"popqa": {"osr": 1.0}}} for method in methods}
+    return verdicts, rewards, {**metrics, "skipped_trajectories": 0}
+
+
+def pipeline(adapter: str) -> Pipeline:
+    return Pipeline([
+        Node(prepare, "params:data", ["questions", "data_report_metrics"], name="prepare",
+             namespace="data_preparation"),
+        Node(run_rollouts, ["questions", "params:policy"], "trajectories", name="run_rollouts", namespace="rollout"),
+        Node(make_train_sft(adapter), ["trajectories", "params:sft"], ["sft_adapter", "sft_metrics"],
+             name="train_sft", namespace="sft"),
+        Node(run_policy_rollouts, ["questions", "sft_adapter", "params:policy"], "sft_policy_trajectories",
+             name="run_policy_rollouts", namespace="sft"),
+        Node(concat, ["trajectories", "sft_policy_trajectories"], "all_trajectories", name="concat",
+             namespace="evaluation"),
+        Node(evaluate, "all_trajectories", "evaluation_metrics", name="evaluate", namespace="evaluation"),
+        Node(judge, "all_trajectories", ["step_verdicts", "trajectory_rewards", "judge_metrics"], name="judge",
+             namespace="reward_judging"),
+    ])
+
+
+def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
+        tmp_path: Path, mlflow_uri: str, tiny_adapter: str) -> None:
+    # artifacts beside the store (the default root is the ./mlruns of the directory the store was opened from)
+    mlflow.create_experiment("hooks-test", artifact_location=(tmp_path / "mlruns").as_uri())
+    parameters = {"data": {"limit": 3}, "sft": {"lr": 0.1, "api_key": "sk-secret"},
+                  "policy": {"model": BUNDLED_TINY_LLAMA, "dtype": "float32"},
+                  "tracking": {"experiment_name": "hooks-test", "trace_samples": 2, "system_metrics": False}}
+    catalog = DataCatalog({
+        "questions": JSONLinesDataset(filepath=str(tmp_path / "questions.jsonl")),
+        "sft_adapter": DirectoryDataset(filepath=str(tmp_path / "06_models/sft_adapter"),
+                                        version=Version(None, SAVE_VERSION)),
+        "parameters": MemoryDataset(parameters),
+        **{f"params:{name}": MemoryDataset(value) for name, value in parameters.items()},
+    })
+    hook = MlflowTrackingHook()
+    hook_manager = _create_hook_manager()
+    hook_manager.register(hook)
+    hook.after_catalog_created(catalog)
+    work = pipeline(tiny_adapter)
+    hook.before_pipeline_run({"run_id": SAVE_VERSION, "project_path": str(tmp_path), "pipeline_names": ["demo"]},
+                             work, catalog)
+    SequentialRunner().run(work, catalog, hook_manager)
+    hook.after_pipeline_run()
+
+    experiment = mlflow.get_experiment_by_name("hooks-test")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    runs = mlflow.search_runs([experiment.experiment_id], output_format="list")
+    [parent] = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    children = {run.info.run_name: run for run in runs if run is not parent}
+    assert set(children) == {"data_preparation", "rollout", "sft", "evaluation", "reward_judging",
+                             "hiprag (base)", "hiprag_agent_sft (sft)"}
+    assert all(run.data.tags["mlflow.parentRunId"] == parent.info.run_id and run.info.status == "FINISHED"
+               and run.data.tags["kedro.session_id"] == SAVE_VERSION for run in children.values())
+    assert parent.info.status == "FINISHED" and parent.data.tags["prorag.kind"] == "pipeline"
+    assert parent.data.params["sft.api_key"] == "***" and parent.data.params["policy.model"] == BUNDLED_TINY_LLAMA
+    [questions] = parent.inputs.dataset_inputs  # saved by one stage, loaded by two: logged once
+    assert questions.dataset.name == "questions" and len(questions.dataset.digest) == 16
+    assert questions.tags[0].value == "data_preparation"
+
+    client = mlflow.MlflowClient()
+    sft = children["sft"]
+    assert sft.data.tags["prorag.kind"] == "stage" and sft.data.tags["prorag.stage"] == "sft"
+    assert sft.data.params["sft.lr"] == "0.1" and sft.data.params["sft.api_key"] == "***"
+    assert [(m.step, m.value) for m in client.get_metric_history(sft.info.run_id, "sft.loss")] == [(1, 2.0), (2, 1.5)]
+    assert sft.data.metrics["sft.live_loss"] == 3.0  # the stage run is the active run while its node runs
+    assert children["data_preparation"].data.metrics["data_report.questions_total"] == 3
+    assert children["reward_judging"].data.metrics["judge.skipped_trajectories"] == 0
+    assert not parent.data.metrics  # per-method numbers are not flattened into the parent
+
+    base, trained = children["hiprag (base)"], children["hiprag_agent_sft (sft)"]
+    assert base.data.tags["prorag.policy"] == "base" and "prorag.adapter" not in base.data.tags
+    assert trained.data.tags["prorag.policy"] == "sft" and trained.data.tags["prorag.adapter"] == "sft_adapter"
+    assert trained.data.tags["prorag.method"] == "hiprag_agent_sft" and trained.data.tags["prorag.stage"] == "sft"
+    assert trained.data.params["policy.model"] == BUNDLED_TINY_LLAMA
+    assert (base.data.metrics["evaluation.all.cem"], trained.data.metrics["evaluation.all.cem"]) == (0.5, 0.75)
+    assert trained.data.metrics["judge.by_dataset.popqa.osr"] == 1.0 and trained.data.metrics["judge.reward"] == 0.75
+
+    traces = {run.info.run_name: mlflow.search_traces(locations=[experiment.experiment_id], run_id=run.info.run_id,
+                                                      return_type="list") for run in (base, trained)}
+    assert {name: len(found) for name, found in traces.items()} == {"hiprag (base)": 2, "hiprag_agent_sft (sft)": 2}
+    assert {t.info.tags["prorag.question_key"] for t in traces["hiprag (base)"]} == {
+        t.info.tags["prorag.question_key"] for t in traces["hiprag_agent_sft (sft)"]}  # the same questions
+    trace = traces["hiprag_agent_sft (sft)"][0]
+    assert [span.name for span in trace.data.spans] == ["hiprag_agent_sft", "generate 1", "search 1", "generate 2"]
+    root, search = trace.data.spans[0], trace.data.spans[2]
+    assert root.outputs["answer"] == "Paris" and search.inputs["query"].startswith("capital of popqa/")
+    assert search.outputs["passage_ids"] == ["p1", "p2"] and search.span_type == "RETRIEVER"
+    assert root.start_time_ns <= trace.data.spans[1].start_time_ns < search.start_time_ns <= root.end_time_ns
+    assessments = {item.name: item for item in trace.info.assessments}
+    assert assessments["over_search"].value is True and assessments["over_search"].span_id == search.span_id
+    assert assessments["under_search"].error.error_message == "no verdict in the reply"
+    assert assessments["reward"].value == 0.75
+
+    [version] = client.search_model_versions("name='prorag-sft_adapter'")
+    assert version.run_id == sft.info.run_id and version.tags["prorag.base_model"] == BUNDLED_TINY_LLAMA
+    model = mlflow.pyfunc.load_model("models:/prorag-sft_adapter/1")
+    [text] = model.predict(["What is the capital of France?"], params={"max_new_tokens": 4})
+    assert isinstance(text, str) and text
+    generator = model.unwrap_python_model().generator
+    assert generator.tokenizer is not None
