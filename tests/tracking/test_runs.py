@@ -59,7 +59,7 @@ def test_the_policy_of_a_rollout_is_named_after_its_adapter_dataset(tmp_path: Pa
     assert rollout_policy(_record("bundled:x", trained), {adapter_key(trained): "tearag_sft_adapter"}) == (
         "tearag_sft", "tearag_sft_adapter", "bundled:x")
     assert rollout_policy(_record(versioned, None), {}) == ("rl", "rl_adapter", None)  # full-parameter RL
-    assert rollout_policy({"method": "m", "metadata": {}}, {}) == ("base", None, None)
+    assert rollout_policy({"method": "m", "metadata": {}}, {}) == ("unrecorded", None, None)
 
 
 def test_a_peft_adapter_folder_names_its_peft_type(tmp_path: Path):
