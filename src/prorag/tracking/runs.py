@@ -82,9 +82,9 @@ def is_rollout_records(data: Any) -> bool:
 def rollout_policy(record: Mapping[str, Any], adapter_names: Mapping[str, str]) -> tuple[str, str | None, str | None]:
     """``(policy, adapter dataset, base model)`` of a rollout record from the policy it recorded.
 
-    The policy is ``unrecorded`` for a record without one, ``base`` without an adapter; else the adapter's dataset name less ``_adapter`` (``sft``,
-    ``rl``, ``tearag_sft``): the dataset whose loaded or saved path is the adapter (``adapter_names``: path →
-    name), else the last part of the path that ends in ``_adapter``, else the folder's name. A full-parameter
+    The policy is ``unrecorded`` for a record without one, ``base`` without an adapter; else the adapter's dataset
+    name less ``_adapter`` (``sft``, ``rl``, ``tearag_sft``): the dataset whose loaded or saved path is the adapter
+    (``adapter_names``: path → name), else the last part of the path that ends in ``_adapter``, else the folder's name. A full-parameter
     model folder (``model`` replaced by a trained folder) is named the same way."""
     recorded = (record.get("metadata") or {}).get(POLICY_METADATA_KEY) or {}
     if not recorded:  # rolled out before policies were recorded: do not guess "base"
