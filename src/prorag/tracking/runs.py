@@ -84,8 +84,8 @@ def rollout_policy(record: Mapping[str, Any], adapter_names: Mapping[str, str]) 
 
     The policy is ``unrecorded`` for a record without one, ``base`` without an adapter; else the adapter's dataset
     name less ``_adapter`` (``sft``, ``rl``, ``tearag_sft``): the dataset whose loaded or saved path is the adapter
-    (``adapter_names``: path → name), else the last part of the path that ends in ``_adapter``, else the folder's name. A full-parameter
-    model folder (``model`` replaced by a trained folder) is named the same way."""
+    (``adapter_names``: path → name), else the last part of the path that ends in ``_adapter``, else the folder's
+    name. A full-parameter model folder (``model`` replaced by a trained folder) is named the same way."""
     recorded = (record.get("metadata") or {}).get(POLICY_METADATA_KEY) or {}
     if not recorded:  # rolled out before policies were recorded: do not guess "base"
         return "unrecorded", None, None
