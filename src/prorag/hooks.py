@@ -323,7 +323,7 @@ class MlflowTrackingHook:
                 and isinstance(self._catalog.get(dataset_name), DirectoryDataset):
             self._adapter_names[adapter_key(data)] = dataset_name
         if dataset_name in self._settings.input_datasets:
-            self._log_input(dataset_name, data, _dataset_path(self._catalog, dataset_name, saved=False), node)
+            self._log_input(dataset_name, data, _file_of(_local_path(self._catalog, dataset_name, saved=False)), node)
         if dataset_name.endswith("trajectories") and is_rollout_records(data):
             self._trace_rollouts(data, None, None)
 
@@ -364,9 +364,9 @@ class MlflowTrackingHook:
     def after_dataset_saved(self, dataset_name: str, data: Any, node: Node | None) -> None:
         if not self._run_active:
             return
+        saved = _local_path(self._catalog, dataset_name, saved=True)
         if dataset_name in self._settings.input_datasets:
-            self._log_input(dataset_name, data, _dataset_path(self._catalog, dataset_name, saved=True), node)
-        saved = _saved_local_path(self._catalog, dataset_name)
+            self._log_input(dataset_name, data, _file_of(saved), node)
         if saved is None:
             return
         dataset, path = saved
@@ -615,8 +615,9 @@ def _param_value(value: Any) -> str:
     return text if len(text) <= _MLFLOW_PARAM_VALUE_LIMIT else text[: _MLFLOW_PARAM_VALUE_LIMIT - 3] + "..."
 
 
-def _dataset_path(catalog: DataCatalog | None, dataset_name: str, saved: bool) -> str | None:
-    """The local file a dataset was just loaded from (or saved to), or None (memory, remote, unknown)."""
+def _local_path(catalog: DataCatalog | None, dataset_name: str, *, saved: bool) -> tuple[Any, Path] | None:
+    """The dataset and the local file or folder it was just loaded from (its load version) or saved to (its save
+    version), else None (memory, remote, unknown, no version to load)."""
     if catalog is None or dataset_name not in catalog:
         return None
     dataset = catalog.get(dataset_name)
@@ -626,23 +627,14 @@ def _dataset_path(catalog: DataCatalog | None, dataset_name: str, saved: bool) -
     if isinstance(dataset, AbstractVersionedDataset) and dataset._version is not None:
         try:
             path = dataset._get_versioned_path(dataset.resolve_save_version()) if saved else dataset._get_load_path()
-        except DatasetError:  # no version to load: nothing to digest
+        except DatasetError:  # no version to load
             return None
     else:
         path = filepath
-    return str(path) if Path(str(path)).is_file() else None
-
-
-def _saved_local_path(catalog: DataCatalog | None, dataset_name: str) -> tuple[Any, Path] | None:
-    """The dataset and the local file or folder it just wrote (its save version when versioned), else None."""
-    if catalog is None or dataset_name not in catalog:
-        return None
-    dataset = catalog.get(dataset_name)
-    filepath = getattr(dataset, "_filepath", None)
-    if filepath is None or getattr(dataset, "_protocol", "file") != "file":
-        return None
-    if isinstance(dataset, AbstractVersionedDataset) and dataset._version is not None:
-        path = Path(str(dataset._get_versioned_path(dataset.resolve_save_version())))
-    else:
-        path = Path(str(filepath))
+    path = Path(str(path))
     return (dataset, path) if path.exists() else None
+
+
+def _file_of(located: tuple[Any, Path] | None) -> str | None:
+    """The path of a :func:`_local_path` result when it is a file (what a dataset input digests), else None."""
+    return str(located[1]) if located is not None and located[1].is_file() else None

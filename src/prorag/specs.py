@@ -7,7 +7,8 @@
   ``reward``: read by RL *and* by reward judging, so training and evaluation measure the same thing);
 * :class:`AgentSpec` — the agent that SFT and RL train: protocol and budgets (top-level ``agent``: read by SFT,
   RL and the trained-policy rollouts);
-* :class:`MethodSpec` — one method evaluated side by side (a baseline or an agent).
+* :class:`MethodSpec` — one method evaluated side by side (a baseline or an agent); :class:`MethodSettings` is
+  the same without its name.
 
 A protocol is a ``str`` checked against :func:`prorag.protocol.registry.protocol_names`, so a protocol registered
 by a user is accepted without editing this module.
@@ -143,13 +144,18 @@ class TrainedAgentSpec(AgentSpec):
     """Train and roll out with the protocol's prompt alone (the few-shot examples are redundant after SFT)."""
 
 
-class MethodSpec(AgentSpec):
-    """One method evaluated side by side: a non-agentic baseline or the agent with a protocol."""
+class MethodSettings(AgentSpec):
+    """What a method runs, without its name: a non-agentic baseline or the agent with a protocol."""
 
-    name: str = Field(min_length=1)
     kind: MethodKind
     max_new_tokens: PositiveInt = 64
     """Baselines only: the answer's token budget."""
+
+
+class MethodSpec(MethodSettings):
+    """One method evaluated side by side, by name."""
+
+    name: str = Field(min_length=1)
 
 
 class SamplingSpec(StrictModel):

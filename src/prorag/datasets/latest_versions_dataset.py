@@ -48,10 +48,6 @@ class LatestVersionsDataset(AbstractDataset[None, dict[str, dict[str, Any]]]):
                 data = dataset.load()
             except VersionNotFoundError:
                 version, data = None, None
-            except DatasetError as error:
-                if "Did not find any versions" not in str(error):
-                    raise
-                version, data = None, None
             loaded[name] = {"data": data, "version": version, "made_by": made_by}
         return loaded
 

@@ -9,24 +9,11 @@ from pydantic import Field, model_validator
 
 from prorag.config import StrictModel
 from prorag.pipelines.rollout.params import QuestionSelection
-from prorag.specs import JudgeSpec, MethodKind, PositiveInt, RetrieverSpec, SamplingSpec
+from prorag.specs import JudgeSpec, MethodSettings, PositiveInt, RetrieverSpec, SamplingSpec
 
 AgentBlock = Literal["agent", "reasonrag_agent", "multistage_agent", "tearag"]
 """The parameter blocks that hold a trained agent's protocol and budgets (``tearag``: its ``agent`` and
 ``retriever``)."""
-
-
-class ArmMethod(StrictModel):
-    """An arm that is not a trained agent: a baseline (``direct``, ``standard_rag``) or an agent prompted as is."""
-
-    kind: MethodKind
-    max_new_tokens: PositiveInt = 64
-    """Baselines: the answer's token budget."""
-    protocol: str = "hiprag"
-    few_shot: bool = True
-    step_budget: PositiveInt = 4
-    max_new_tokens_per_turn: PositiveInt = 256
-    max_total_new_tokens: PositiveInt = 1024
 
 
 class CompareArm(StrictModel):
@@ -39,7 +26,7 @@ class CompareArm(StrictModel):
     """
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    method: ArmMethod | None = None
+    method: MethodSettings | None = None
     agent: AgentBlock | None = None
     adapter: str | None = None
     few_shot: bool | None = None
