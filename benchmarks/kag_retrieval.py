@@ -20,7 +20,7 @@ The knowledge graph of the embedded default covers only the chunks ``kg_extracti
 passages of these same questions plus a background sample), so triplets exist mainly for gold chunks: an
 optimistic setting for the graph side. Dense retrieval searches the whole index.
 
-    .venv/bin/python benchmarks/kag_retrieval.py --per-source 20
+    .venv/bin/python benchmarks/kag_retrieval.py --per-source 10
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index-dir", type=Path, default=None)
     parser.add_argument("--kg-dir", type=Path, default=None)
     parser.add_argument("--questions", type=Path, default=None, help="index_questions.jsonl (default: latest)")
-    parser.add_argument("--per-source", type=int, default=20, help="first N questions of each of " + ", ".join(SOURCES))
+    parser.add_argument("--per-source", type=int, default=10, help="first N questions of each of " + ", ".join(SOURCES))
     parser.add_argument("--output-dir", type=Path, default=ROOT / "data" / "08_reporting")
     args = parser.parse_args(argv)
     console = Console()

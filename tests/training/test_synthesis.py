@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from prorag.data.records import Passage, Question, load_passages, load_questions
+from prorag.metrics.qa import normalize_answer
 from prorag.protocol.hiprag import NonSearchStep, SearchStep, check_format, parse
 from prorag.retrieval.base import Hit
 from prorag.retrieval.bm25 import BM25Retriever
@@ -241,3 +242,74 @@ def test_to_dict_round_trip_and_summary(synthesized):
         1 for t in trajectories if t.kind == "hotpotqa/bridge" and t.answer in ("yes", "no"))
     assert summary["skip_reasons"] == {"unanswerable record (answerable: false)": 9}
     assert synthesis_summary([])["total"]["search_share"] == 0.0
+
+
+# ------------------------------------------------------------------------------------ single search
+
+
+class FixedRetriever:
+    """Returns the given passages, in order, for every query."""
+
+    def __init__(self, passages: Sequence[Passage]) -> None:
+        self.passages = list(passages)
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        return [[Hit.from_passage(passage, 1.0 - rank / 10) for rank, passage in enumerate(self.passages[:k])]
+                for _ in queries]
+
+
+def _popqa_question(answers: tuple[str, ...] = ("politician", "pol")) -> Question:
+    return Question(id="0", question="What is George Rankin's occupation?", golden_answers=answers,
+                    dataset="popqa", split="test")
+
+
+def test_single_search_quotes_the_first_hit_that_states_the_answer_as_whole_words():
+    passages = [Passage(id="p1", title="Policy", text="A policy is a plan. It guides political decisions."),
+                Passage(id="p2", title="George Rankin", text="George Rankin was born in 1887. He was an Australian "
+                        "soldier and politician. He died in 1957."),
+                Passage(id="p3", title="Other politician", text="Someone else was a politician.")]
+    trajectories, skipped = synthesize_trajectories([_popqa_question()], FixedRetriever(passages), top_k=3,
+                                                    protocol="hiprag", single_search=True)
+    assert skipped == {}
+    (trajectory,) = trajectories
+    parsed = parse(trajectory.completion)
+    (step,) = parsed.steps
+    assert isinstance(step, SearchStep)
+    assert step.query == "What is George Rankin's occupation"
+    # "pol" inside "policy"/"political" is no match: the first whole-word answer is p2's second sentence
+    assert step.conclusion == ('The passage on George Rankin says: "He was an Australian soldier and politician." '
+                               "So the answer is politician.")
+    assert parsed.answer == "politician"
+    assert trajectory.kind == "single_search" and trajectory.gold_inserted == 0
+    assert trajectory.context_ids == (("p1", "p2", "p3"),)
+    assert check_format(trajectory.completion) == (1, 1)
+
+
+def test_single_search_skips_a_question_no_hit_answers_and_is_off_by_default():
+    question = _popqa_question(("surgeon",))
+    trajectories, skipped = synthesize_trajectories([question], FixedRetriever(UNRELATED), top_k=3,
+                                                    protocol="hiprag", single_search=True)
+    assert trajectories == []
+    assert skipped == {question.key: "no retrieved passage states a golden answer (single search)"}
+    _, skipped = synthesize_trajectories([question], FixedRetriever(UNRELATED), top_k=3, protocol="hiprag")
+    assert skipped == {question.key: "no synthesizer for dataset 'popqa'"}
+
+
+def test_single_search_skips_a_passage_with_protocol_tags():
+    passages = [Passage(id="p1", title="Rankin", text="He was a politician </answer> and soldier.")]
+    trajectories, skipped = synthesize_trajectories([_popqa_question()], FixedRetriever(passages), top_k=3,
+                                                    protocol="hiprag", single_search=True)
+    assert trajectories == [] and "protocol tag" in skipped["popqa/0"]
+
+
+def test_single_search_on_real_popqa_questions():
+    questions = load_questions(RAW / "qa" / "popqa.jsonl")[:30]
+    store = PassageStore(load_passages(RAW / "corpus" / "popqa.jsonl"))
+    trajectories, skipped = synthesize_trajectories(questions, BM25Retriever.build(store), top_k=3,
+                                                    protocol="hiprag", single_search=True)
+    assert len(trajectories) + len(skipped) == 30
+    assert len(trajectories) >= 10, skipped
+    for trajectory in trajectories:
+        assert check_format(trajectory.completion) == (1, 1)
+        golden = next(q for q in questions if q.key == trajectory.question_key).golden_answers
+        assert any(normalize_answer(trajectory.answer) == normalize_answer(gold) for gold in golden)

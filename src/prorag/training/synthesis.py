@@ -535,29 +535,102 @@ def synthesize_hotpotqa(question: Question, retriever: Retriever | None, *, top_
 
 
 PLANNERS: Final[dict[str, Callable[[Question], _Plan]]] = {"musique": _plan_musique, "hotpotqa": _plan_hotpotqa}
-"""Datasets with a synthesizer (``Question.dataset``)."""
+"""Datasets with a decomposition synthesizer (``Question.dataset``); others may use the single-search planner."""
+
+
+# ------------------------------------------------------------------------- single search (any dataset)
+
+_SENTENCE_END: Final = re.compile(r"(?<=[.!?])\s+(?=[\"“(\[A-Z0-9])")
+_MIN_ANSWER_CHARS: Final = 2
+SINGLE_SEARCH_REASONING: Final = ("This question asks for one fact, and I am not certain of it, so I will search "
+                                  "for it.")
+
+
+def _token_span(haystack: str, needle: str) -> bool:
+    """Whether the normalized ``needle`` occurs in the normalized ``haystack`` as whole words (so the PopQA alias
+    "pol" does not match "political")."""
+    needle_words = normalize_answer(needle).split()
+    if not needle_words or len("".join(needle_words)) < _MIN_ANSWER_CHARS:
+        return False
+    return f" {' '.join(needle_words)} " in f" {normalize_answer(haystack)} "
+
+
+def _answer_evidence(hits: Sequence[Hit], answers: Sequence[str]) -> tuple[Hit, str, str] | None:
+    """(hit, sentence, answer) of the best-ranked hit with a sentence that holds a golden answer as whole words;
+    golden answers are tried in their listed order, so the canonical one wins over an alias."""
+    for hit in hits:
+        sentences = [sentence.strip() for sentence in _SENTENCE_END.split(normalize_text(hit.text))]
+        for answer in answers:
+            for sentence in sentences:
+                if _token_span(sentence, answer):
+                    return hit, sentence, answer
+    return None
+
+
+def _plan_single_search(question: Question, hits: Sequence[Hit]) -> _Plan:
+    """One search step with the question as the query, concluded from the retrieved passage that states a golden
+    answer (the first such hit in rank order, its answer sentence quoted). The context is what the retriever
+    returned, so nothing is inserted; a question with no such hit is skipped."""
+    found = _answer_evidence(hits, question.golden_answers)
+    if found is None:
+        raise SynthesisSkipped("no retrieved passage states a golden answer (single search)")
+    hit, sentence, answer = found
+    answer = normalize_text(answer)
+    query = _trim_query(normalize_text(question.question))
+    conclusion = f"{_quote(normalize_text(hit.title), [sentence])} So the answer is {answer}."
+    _check_no_tags(query, conclusion, answer)
+    gold = _Gold(hit.passage, sentence)
+    step = _PlannedSearch(reasoning=SINGLE_SEARCH_REASONING, query=query, gold=gold, conclusion=conclusion)
+    return _Plan(question=question, kind="single_search", steps=(step,), answer=answer)
+
+
+def _single_search_plans(questions: Sequence[Question], retriever: Retriever | None, top_k: int,
+                         skipped: dict[str, str]) -> dict[str, _Plan]:
+    """Single-search plans of ``questions`` (one batched retriever call), keyed by question key."""
+    if retriever is None:
+        for question in questions:
+            skipped[question.key] = "single search needs a retriever"
+        return {}
+    hits = _search(retriever, [_trim_query(normalize_text(question.question)) for question in questions], top_k)
+    plans: dict[str, _Plan] = {}
+    for question, question_hits in zip(questions, hits, strict=True):
+        try:
+            plans[question.key] = _plan_single_search(question, question_hits[:top_k])
+        except SynthesisSkipped as error:
+            skipped[question.key] = error.reason
+    return plans
 
 
 def synthesize_trajectories(questions: Sequence[Question], retriever: Retriever | None, *, top_k: int = 3,
-                            seed: int = 0, protocol: str | ProtocolAdapter,
+                            seed: int = 0, protocol: str | ProtocolAdapter, single_search: bool = False,
                             ) -> tuple[list[SynthesizedTrajectory], dict[str, str]]:
-    """Trajectories of every question whose dataset has a synthesizer, with ONE batched retriever call.
+    """Trajectories of every question whose dataset has a synthesizer, with batched retriever calls.
 
-    Each question draws its insertion positions from its own ``random.Random(f"{seed}/{key}")``, so a result
-    does not depend on which other questions are in the batch. Returns the trajectories (in question order)
-    and ``{question key: reason}`` for the questions that were skipped.
+    With ``single_search``, a question whose dataset has no decomposition synthesizer (NQ, TriviaQA, PopQA, ...)
+    gets a one-search trajectory grounded in what the retriever returns for it (:func:`_plan_single_search`);
+    otherwise it is skipped. Each question draws its insertion positions from its own
+    ``random.Random(f"{seed}/{key}")``, so a result does not depend on which other questions are in the batch.
+    Returns the trajectories (in question order) and ``{question key: reason}`` for the questions that were skipped.
     """
     skipped: dict[str, str] = {}
-    plans: list[_Plan] = []
+    decomposed: dict[str, _Plan] = {}
+    single: list[Question] = []
     for question in questions:
         planner = PLANNERS.get(question.dataset)
         if planner is None:
-            skipped[question.key] = f"no synthesizer for dataset {question.dataset!r}"
+            if single_search:
+                single.append(question)
+            else:
+                skipped[question.key] = f"no synthesizer for dataset {question.dataset!r}"
             continue
         try:
-            plans.append(planner(question))
+            decomposed[question.key] = planner(question)
         except SynthesisSkipped as error:
             skipped[question.key] = error.reason
+    single_plans = _single_search_plans(single, retriever, top_k, skipped) if single else {}
+    plans = [plan for question in questions
+             if (plan := decomposed.get(question.key) or single_plans.get(question.key)) is not None]
+    # single-search queries are searched again here: the retriever is deterministic, so the hits are the same
     hits = _search(retriever, [query for plan in plans for query in plan.queries], top_k)
     adapter = build_adapter(protocol)
     trajectories: list[SynthesizedTrajectory] = []

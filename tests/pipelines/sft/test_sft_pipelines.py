@@ -10,6 +10,7 @@ from peft import PeftModel
 from prorag.datasets import DirectoryDataset
 from prorag.llm import BUNDLED_TINY_LLAMA, load_causal_lm
 from prorag.pipeline_registry import register_pipelines
+from prorag.pipelines.compare.params import CompareParams
 from prorag.pipelines.rollout.nodes import concat_trajectories, run_trained_rollouts
 from prorag.pipelines.rollout.params import RolloutParams
 from prorag.pipelines.sft.nodes import train_sft
@@ -20,27 +21,39 @@ from prorag.protocol.hiprag import check_format
 from prorag.specs import PolicySpec, TrainedAgentSpec
 
 AGENT = TrainedAgentSpec()
+COMPARE = CompareParams(arms=[{"name": "standard_rag", "method": {"kind": "standard_rag"}},
+                              {"name": "sft", "agent": "agent", "adapter": "sft_adapter"}])
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_synthesis_excludes_evaluated_questions(questions, index):
     evaluated = [q for q in questions if q["source"] == "hotpotqa"][:2]
-    records, summary = synthesize_sft_data(questions, evaluated, index, SftSynthesisParams(), AGENT)
+    records, summary = synthesize_sft_data(questions, evaluated, index, SftSynthesisParams(), AGENT, COMPARE)
     keys = {record["question_key"] for record in records}
     assert not keys & {f"{q['dataset']}/{q['id']}" for q in evaluated}
     assert summary["total"]["trajectories"] == len(records) > 0
     assert all(check_format(record["completion"])[0] == 1 for record in records)
 
 
+def test_synthesis_excludes_the_compare_questions(questions, index):
+    """The compare pipeline answers the first dev questions of every source; SFT never trains on them."""
+    compare = COMPARE.model_copy(update={"questions": COMPARE.questions.model_copy(update={"max_per_source": 2})})
+    records, _ = synthesize_sft_data(questions, [], index, SftSynthesisParams(), AGENT, compare)
+    hotpotqa = [f"hotpotqa/{q['id']}" for q in questions if q["source"] == "hotpotqa"]
+    synthesized = {record["question_key"] for record in records}
+    assert not set(hotpotqa[:2]) & synthesized
+    assert set(hotpotqa[2:]) <= synthesized
+
+
 def test_synthesis_rejects_unknown_sources(questions, index):
     with pytest.raises(ValueError, match=r"names \['bamboogle'\]"):
-        synthesize_sft_data(questions, [], index, SftSynthesisParams(sources=["bamboogle"]), AGENT)
+        synthesize_sft_data(questions, [], index, SftSynthesisParams(sources=["bamboogle"]), AGENT, COMPARE)
 
 
 @pytest.mark.slow
 def test_sft_adapter_is_saved_versioned_and_rolls_out(questions, index, tmp_path):
-    records, _ = synthesize_sft_data(questions, [], index, SftSynthesisParams(), AGENT)
+    records, _ = synthesize_sft_data(questions, [], index, SftSynthesisParams(), AGENT, COMPARE)
     params = SftParams(max_steps=2, per_device_train_batch_size=2)
     policy = PolicySpec(model=BUNDLED_TINY_LLAMA)
     adapter_dir, curve = train_sft(records[:4], params, policy, AGENT)

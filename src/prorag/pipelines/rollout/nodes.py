@@ -19,13 +19,14 @@ def select_rollout_questions(question_records: list[dict[str, Any]], params: Rol
 
 
 def pick_questions(question_records: list[dict[str, Any]], selection: QuestionSelection, *,
-                   setting: str) -> list[dict[str, Any]]:
-    """The records of the questions ``selection`` picks (in input order); ``setting`` names it in errors."""
+                   setting: str, required: bool = True) -> list[dict[str, Any]]:
+    """The records of the questions ``selection`` picks (in input order); ``setting`` names it in errors. An empty
+    pick is an error when ``required``."""
     questions = [Question.from_dict(record) for record in question_records]
     chosen = {question.key for question in select_questions(
         questions, selection.sources, max_per_source=selection.max_per_source,
         exclude_split_kinds=() if selection.include_train_split else ("train",), setting=setting)}
-    if not chosen:
+    if not chosen and required:
         raise ValueError(f"{setting.rsplit('.', 1)[0]} selects no question")
     return [record for record, question in zip(question_records, questions, strict=True) if question.key in chosen]
 

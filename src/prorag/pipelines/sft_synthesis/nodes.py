@@ -6,6 +6,8 @@ from typing import Any
 
 from prorag.agent import build_retriever
 from prorag.data import Question, select_questions, warn_non_train_splits
+from prorag.pipelines.compare.params import CompareParams
+from prorag.pipelines.rollout.nodes import pick_questions
 from prorag.pipelines.sft_synthesis.params import SftSynthesisParams
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import TrainedAgentSpec
@@ -14,10 +16,12 @@ from prorag.training import split_for_synthesis, synthesis_summary, synthesize_t
 
 def synthesize_sft_data(question_records: list[dict[str, Any]], evaluation_records: list[dict[str, Any]],
                         index: RetrievalIndex, params: SftSynthesisParams, agent: TrainedAgentSpec,
-                        ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Gold trajectories in the trained agent's protocol for the selected questions; the evaluated questions are
-    excluded (and checked)."""
-    evaluated = [Question.from_dict(record) for record in evaluation_records]
+                        compare: CompareParams) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Gold trajectories in the trained agent's protocol for the selected questions; the questions the rollout
+    evaluation and the compare pipeline answer are excluded (and checked)."""
+    compared = pick_questions(question_records, compare.questions, setting="compare.questions.sources",
+                              required=False)
+    evaluated = [Question.from_dict(record) for record in [*evaluation_records, *compared]]
     evaluation_keys = {question.key for question in evaluated}
     selected = select_questions(map(Question.from_dict, question_records), params.sources,
                                 max_per_source=params.max_per_source, exclude=evaluated,
@@ -26,7 +30,7 @@ def synthesize_sft_data(question_records: list[dict[str, Any]], evaluation_recor
     questions = split_for_synthesis(selected, evaluation_keys)
     trajectories, skipped = synthesize_trajectories(questions, build_retriever(params.retriever, index),
                                                     top_k=params.retriever.top_k, seed=params.seed,
-                                                    protocol=agent.protocol)
+                                                    protocol=agent.protocol, single_search=params.single_search)
     if not trajectories:
         raise ValueError("sft_synthesis produced no trajectory (check sft_synthesis.sources)")
     return [trajectory.to_dict() for trajectory in trajectories], synthesis_summary(trajectories, skipped)

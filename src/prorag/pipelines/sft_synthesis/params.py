@@ -13,5 +13,8 @@ class SftSynthesisParams(StrictModel):
 
     sources: list[str] = Field(default=["musique_train", "hotpotqa"], min_length=1)
     max_per_source: PositiveInt | None = None
+    single_search: bool = True
+    """Questions of datasets with no decomposition synthesizer get a one-search trajectory grounded in the retrieved
+    passage that states the answer (skipped when none does); false: they are skipped."""
     retriever: RetrieverSpec = RetrieverSpec()
     seed: Seed = 0
