@@ -1,9 +1,11 @@
+import random
+
 import pytest
 import torch
 
 from prorag.llm.generation import Completion, Generator, SamplingParams, cut_at_stop, generate_chat
 from prorag.llm.registry import BUNDLED_SMOLLM2
-from prorag.llm.transformers_backend import TransformersGenerator
+from prorag.llm.transformers_backend import TransformersGenerator, _StopStrings
 
 PROMPTS = [
     "The capital of France is",
@@ -69,6 +71,27 @@ def test_stop_strings_finish_rows_independently(tiny_generator):
     # the other row went on to the token limit, unaffected
     assert late.finish_reason == "length" and late.stop is None
     assert late.token_ids == second.token_ids and late.text == second.text
+
+
+def test_stop_filters_skip_only_rows_that_cannot_have_completed_a_stop(tiny_generator):
+    tokenizer = tiny_generator.tokenizer
+    stops = ("</search>", "</answer>", "ab")
+    texts = ["x </search> y", "plain words", "é</answer> and more", "<</search", "a slab of", "...>>", " a</answer>b"]
+    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    rng = random.Random(0)
+    rows += [[rng.randrange(len(tokenizer)) for _ in range(12)] for _ in range(8)]
+    pad = tiny_generator.pad_token_id
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[pad, *row, *[pad] * (width - len(row))] for row in rows])  # a 1-token prompt, then padding
+    may_end, may_start = tiny_generator._stop_filters(stops)
+    assert may_end is not None and may_start is not None
+    assert all(len(tokens) < len(tokenizer) // 50 for tokens in tiny_generator._stop_filters(("</search>",)))
+    filtered = _StopStrings(tokenizer, stops, 1, len(rows), {pad}, may_end, may_start)
+    plain = _StopStrings(tokenizer, stops, 1, len(rows), {pad})  # decodes every row at every token
+    for length in range(2, width + 2):
+        assert filtered(ids[:, :length], None).tolist() == plain(ids[:, :length], None).tolist()
+    assert filtered.stopped_at == plain.stopped_at and set(plain.stopped_at) >= {0, 2, 4, 6}
+    assert tiny_generator._stop_filters(("\n\n", "é")) == (None, None)  # non-ASCII end, whitespace start
 
 
 def test_end_of_sequence_finishes_with_stop_and_keeps_the_eos_id(tiny_generator):

@@ -72,6 +72,23 @@ def test_samples_of_one_prompt_share_one_prefill_and_sampling_is_unchanged(tiny_
     assert reuse.stats.prefill_tokens == reuse.stats.shared_prefill_tokens + 8
 
 
+def test_rows_sharing_a_long_beginning_prefill_it_once(tiny_pair):
+    reuse = TransformersGenerator(tiny_pair, batch_size=4)
+    fresh = TransformersGenerator(tiny_pair, batch_size=4, prefix_cache_mb=0)
+    system = reuse.encode("You answer questions with care and cite your sources. " * 4)
+    prompts = [[*system, *reuse.encode(f" Question {index}: " + "word " * index)] for index in range(6)]
+    params = SamplingParams(max_new_tokens=5, stop=("ab",))
+    ours, theirs = reuse.generate(prompts, params), fresh.generate(prompts, params)
+    assert [samples[0].token_ids for samples in ours] == [samples[0].token_ids for samples in theirs]
+    common = next(prompts[0][:size] for size in range(len(prompts[0]), 0, -1)
+                  if all(ids[:size] == prompts[0][:size] for ids in prompts))
+    assert len(common) > len(system)  # the system block and the shared " Question" token
+    # prefilled once as one row (not once per row of the two padded batches), then each row its own suffix
+    assert reuse.stats.shared_prefill_tokens == len(common)
+    assert reuse.stats.cached_tokens == len(prompts) * len(common)
+    assert reuse.stats.prefill_tokens == len(common) + sum(len(ids) - len(common) for ids in prompts)
+
+
 def test_engine_rollouts_are_identical_with_and_without_reuse(tiny_pair, retriever):
     questions = [q.question for q in load_questions(RAW / "qa" / "hotpotqa.jsonl")[:3]]
     runs = {}

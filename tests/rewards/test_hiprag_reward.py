@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prorag.judges import StepVerdict, StepVerdicts
-from prorag.rewards import count_optimal, hierarchical_reward, rollout_reward, search_r1_reward
+from prorag.rewards import (
+    count_optimal,
+    hierarchical_reward,
+    process_bonus_fires,
+    rollout_reward,
+    search_r1_reward,
+)
 
 lambdas = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 
@@ -120,3 +126,18 @@ def test_rollout_reward_uses_cem_format_and_verdicts():
         rollout_reward(_Rollout("Paris", True, 3), verdicts)  # step count mismatch
     with pytest.raises(ValueError):
         rollout_reward(_Rollout("Paris", True, 2), None)
+
+
+def test_the_process_bonus_gate_is_a_f_n_corr_whatever_lambda_p():
+    one_optimal = steps(("s", True), ("n", False))
+    none_optimal = steps(("s", True), ("n", None))  # over-search, then an unknown verdict: N_corr = 0
+    assert process_bonus_fires(_Rollout("It is Paris", True, 2), one_optimal) is True
+    assert process_bonus_fires(_Rollout("It is Paris", True, 2), none_optimal) is False
+    assert process_bonus_fires(_Rollout("Lyon", True, 2), one_optimal) is False  # A = 0
+    assert process_bonus_fires(_Rollout(None, False, -1), None) is False  # F = 0: no verdicts needed
+    assert process_bonus_fires(_Rollout("Paris", True, 2), None) is None  # depends on N_corr, which is unknown
+    assert process_bonus_fires(_Rollout("Paris", True, 2), steps(("s", True), ("n", True)), "over_only") is True
+    # the gate is open exactly where eq. 1 with λp > 0 pays a bonus
+    for rollout, verdicts in ((_Rollout("Paris", True, 2), one_optimal), (_Rollout("Paris", True, 2), none_optimal),
+                              (_Rollout("Lyon", True, 2), one_optimal)):
+        assert process_bonus_fires(rollout, verdicts) == (rollout_reward(rollout, verdicts).reward.process > 0)

@@ -256,6 +256,30 @@ def test_dapo_refill_replaces_uniform_groups_with_newly_drawn_questions(question
     assert trainer._metrics["train"]["dapo/refilled_groups"] == [2.0]
 
 
+class FlaggingScorer(KeyedScorer):
+    """:class:`KeyedScorer` that also flags, per rollout, a correct answer and an open process-bonus gate: both true
+    exactly for the rollouts of the varied question."""
+
+    def score(self, rollouts, policy, step=0):
+        base = super().score(rollouts, policy, step)
+        flags = [rollout.question_key == self.varied_key for rollout in rollouts]
+        stats = batch_stats(rollouts, None, bonus_fired=flags, answer_correct=flags, stage=1)
+        return ScoredBatch(base.components, base.totals, stats, None, base.optimal, flags, list(flags), 1)
+
+
+def test_dapo_refill_statistics_describe_the_refilled_batch(questions, retriever, tmp_path, one_torch_thread):
+    function = AgentRolloutFunction(questions, retriever, FlaggingScorer(questions[3].key), AGENT, seed=0,
+                                    batch_size=4, refill_rounds=2)
+    trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, function, tmp_path, _settings(refill_rounds=2))
+    function([questions[0].question] * 2 + [questions[1].question] * 2, trainer)
+    keys = [rollout.question_key for rollout in function.last_rollouts]
+    assert keys.count(questions[3].key) == 2  # the drawn batch had no flagged rollout; the refilled one has two
+    metrics = trainer._metrics["train"]
+    assert metrics["agent/bonus_fired"] == [0.5]
+    assert metrics["agent/answer_correct"] == [0.5] and metrics["agent/answer_unknown_rate"] == [0.0]
+    assert metrics["agent/stage"] == [1.0]
+
+
 def test_grpo_dataset_has_the_prompt_column_and_drops_duplicate_texts(questions):
     dataset = grpo_dataset([*questions, questions[0]])
     assert dataset.column_names[:2] == ["prompt", "question_key"]

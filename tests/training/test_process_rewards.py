@@ -9,7 +9,7 @@ import pytest
 
 from prorag.agent.trajectory import Rollout
 from prorag.data.records import Passage
-from prorag.judges import LLMJudge, ReferenceJudge
+from prorag.judges import LLMJudge, ReferenceJudge, Verdict
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.retrieval.bm25 import BM25Retriever
@@ -128,6 +128,53 @@ def test_batch_stats_are_ratios_of_sums():
     assert stats["retrieval_count"] == (2.0, 3.0)
     assert stats["steps"] == (4.0, 2.0)  # well-formed rollouts only
     assert stats["search_ratio"] == (2.0, 4.0)
+
+
+class FixedJudge:
+    """Every search step judged ``over`` (its re-asked answer equivalent or not), every non-search step ``correct``."""
+
+    def __init__(self, *, over: bool, correct: bool) -> None:
+        self.over, self.correct = over, correct
+
+    def equivalent(self, pairs):
+        return [Verdict(self.over) for _ in pairs]
+
+    def verify_steps(self, steps, *, contexts=None):
+        return [Verdict(self.correct) for _ in steps]
+
+    def answer_correct(self, items):
+        raise AssertionError("not used by eq. 1")
+
+
+LUCKY = _rollout("lucky", [_step("non_search", "The director of Jaws was born in Cincinnati.")], "Cincinnati")
+
+
+@pytest.mark.parametrize(("judge_kwargs", "fired"), [({"over": False, "correct": True}, [True, False, False, True]),
+                                                      ({"over": True, "correct": False}, [False] * 4)])
+def test_bonus_fired_is_the_eq1_gate_in_both_arms_whatever_lambda_p(policy, judge_kwargs, fired):
+    judge = FixedJudge(**judge_kwargs)
+    batch = [*ROLLOUTS, LUCKY]  # correct + well-formed, broken format, wrong answer, correct with one step
+    hiprag = RolloutScorer(RewardSettings(method="hiprag"), judge, judge).score(batch, policy)
+    search_r1 = RolloutScorer(RewardSettings(method="search_r1", judge_for_metrics=True), judge, judge).score(
+        batch, policy)
+    for scored in (hiprag, search_r1):
+        assert scored.bonus_fired == fired
+        assert scored.stats["bonus_fired"] == (float(sum(fired)), 4.0)
+    assert [process > 0 for process in hiprag.components["process"]] == fired  # λp = 0.4 pays where it fires
+    assert search_r1.components["process"] == [0.0] * 4  # λp = 0: it would have fired, nothing paid
+    plain = RolloutScorer(RewardSettings(method="search_r1")).score(batch, policy)
+    assert plain.bonus_fired is None and "bonus_fired" not in plain.stats  # no detection, no gate to measure
+
+
+def test_batch_stats_take_per_rollout_bonus_and_answer_flags():
+    stats = batch_stats(ROLLOUTS, None, bonus_fired=[True, False, None], answer_correct=[True, None, False],
+                        stage=2)
+    assert stats["bonus_fired"] == (1.0, 3.0)
+    assert stats["answer_correct"] == (1.0, 3.0) and stats["answer_unknown_rate"] == (1.0, 3.0)
+    assert stats["stage"] == (6.0, 3.0)
+    assert "bonus_fired" not in batch_stats(ROLLOUTS, None)
+    with pytest.raises(ValueError, match="2 bonus_fired values for 3 rollouts"):
+        batch_stats(ROLLOUTS, None, bonus_fired=[True, False])
 
 
 class AnswerJudgeModel:

@@ -7,7 +7,8 @@
   *generated* tokens (never the prompt): a row that completed a stop string is finished (transformers then
   feeds it padding) while the other rows go on; ``generate`` returns when every row is finished. Each row is
   then cut: ``token_ids`` is the shortest prefix whose decoding contains the stop string, ``text`` ends
-  exactly with it.
+  exactly with it. Only rows whose last token may end a stop string and whose tail holds a token that may
+  start one are decoded (per-token id sets, see :meth:`TransformersGenerator._stop_filters`).
 - Log-probabilities are ``log_softmax(logits / T)`` of the chosen token, where the logits are the model's
   raw next-token logits and ``T`` the sampling temperature (``T = 1`` for greedy decoding), taken *before*
   top-p truncation: the quantity a policy-gradient trainer recomputes from the same logits.
@@ -23,28 +24,33 @@
   with a 2-D attention mask that has holes, so positions (``cumsum(mask) - 1``) and attention are exactly
   those of the left-padded re-prefill; greedy output is token-identical to ``prefix_cache_mb=0`` (tested).
   Rows of one call that share a prompt (the ``n`` samples of a GRPO group, sibling expansions of a tree
-  node) get that prompt prefilled once before decoding. The cache is dropped when the model's weights change
-  (parameter version counters). Counters: :attr:`TransformersGenerator.stats`. transformers' continuous
-  batching (``generate_batch``, paged attention with block sharing) was not used: it takes no stopping
-  criteria or custom logits processors, which the per-row stop strings and chosen-token log-probabilities need,
-  and it keeps no KV between calls; ``generate`` with a ``DynamicCache`` past does.
+  node) or a long beginning (the system prompt and few-shot block of a rollout's first turn) get it prefilled
+  once, as one row, before decoding. The cache is dropped when the model's weights change (parameter version
+  counters). Counters: :attr:`TransformersGenerator.stats`. transformers' continuous batching
+  (``generate_batch``, paged attention with block sharing) was not used: it takes no stopping criteria or
+  custom logits processors, which the per-row stop strings and chosen-token log-probabilities need, and it
+  keeps no KV between calls; ``generate`` with a ``DynamicCache`` or ``StaticCache`` past does (a batch of
+  several rows decodes into a ``StaticCache``, see :meth:`TransformersGenerator._layout`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from transformers import (
     DynamicCache,
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
+    StaticCache,
     StoppingCriteria,
     StoppingCriteriaList,
 )
@@ -57,36 +63,41 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _STOP_WINDOW_MARGIN = 8  # extra tokens decoded beyond the longest stop string's length in characters
-# tokenizer -> {last characters of the stop strings: per-token flags} (see TransformersGenerator._stop_filter)
-_STOP_FILTERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], torch.Tensor]] = weakref.WeakKeyDictionary()
+_MIN_SHARED_SAVING = 16  # prefill tokens a shared prefix must save to be worth its own forward pass
+# tokenizer -> {characters: token ids whose decoding holds one} (see TransformersGenerator._tokens_with)
+_STOP_FILTERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], frozenset[int]]] = weakref.WeakKeyDictionary()
 
 
 class _StopStrings(StoppingCriteria):
-    """Marks each row finished once the decoded tail of its generated tokens contains a stop string."""
+    """Marks each row finished once the decoded tail of its generated tokens contains a stop string.
+
+    Only a row that may have completed a stop string at this step is decoded: its last token must be one that
+    may end a stop string (``may_end``) and its tail must hold one that may start one (``may_start``; token-id
+    sets from :meth:`TransformersGenerator._stop_filters`, ``None``: no filter on that side).
+    """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], prompt_width: int,
-                 batch: int, skip_ids: set[int], may_complete: torch.Tensor | None = None) -> None:
+                 batch: int, skip_ids: set[int], may_end: frozenset[int] | None = None,
+                 may_start: frozenset[int] | None = None) -> None:
         self.tokenizer = tokenizer
         self.stops = tuple(stops)
         self.prompt_width = prompt_width
         self.window = max(len(stop) for stop in self.stops) + _STOP_WINDOW_MARGIN
         self.skip_ids = skip_ids
-        self.may_complete = may_complete
+        self.may_end = may_end
+        self.may_start = may_start
         self.done = [False] * batch
         self.stopped_at: dict[int, int] = {}  # row -> number of generated tokens when it stopped
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
         generated = input_ids.shape[1] - self.prompt_width
         start = max(self.prompt_width, input_ids.shape[1] - self.window)
-        if self.may_complete is not None and generated > 0:
-            # only a row whose last token can end a stop string needs its tail decoded
-            candidates = self.may_complete[input_ids[:, -1].clamp(max=len(self.may_complete) - 1).cpu()].tolist()
-        else:
-            candidates = [True] * input_ids.shape[0]
-        tails = input_ids[:, start:].tolist()
-        for row, tail in enumerate(tails):
-            if self.done[row] or not tail or not candidates[row] or tail[-1] in self.skip_ids:
-                continue  # finished, cannot have completed a stop, or ended by EOS (generate pads it from then on)
+        for row, tail in enumerate(input_ids[:, start:].tolist()):
+            if self.done[row] or not tail or tail[-1] in self.skip_ids:
+                continue  # finished, nothing generated yet, or ended by EOS (generate pads it from then on)
+            if (self.may_end is not None and tail[-1] not in self.may_end) \
+                    or (self.may_start is not None and self.may_start.isdisjoint(tail)):
+                continue  # cannot have completed a stop string at this token
             text = self.tokenizer.decode(tail, skip_special_tokens=True)
             if any(stop in text for stop in self.stops):
                 self.done[row] = True
@@ -218,17 +229,34 @@ class TransformersGenerator:
     # ------------------------------------------------------------------------------- KV reuse and batching
 
     def _prefill_shared(self, prompts: list[list[int]]) -> None:
-        """Prefill once (into the cache) every prompt that several rows of this call share.
+        """Prefill once (into the cache) every prefix that several rows of this call share beyond the cache.
 
-        The rows then reuse it and prefill only their last token, instead of each row prefilling the
-        whole prompt (GRPO groups, the ``n`` samples of a prompt, sibling expansions of a tree node).
+        Rows that share a whole prompt (GRPO groups, the ``n`` samples of a prompt, sibling expansions of a
+        tree node) or a long beginning (one system prompt and few-shot block before different questions, the
+        first turn of a rollout) would each prefill it in their own row of the padded batch; here it is
+        prefilled once, as one row, and the rows then reuse it and prefill only what follows. Nested shared
+        prefixes go outermost first, so a longer one extends the shorter one already cached; a prefix is
+        prefilled only if it saves at least :data:`_MIN_SHARED_SAVING` prefill tokens.
         """
         assert self.prefix_cache is not None
-        counts: dict[tuple[int, ...], int] = {}
-        for ids in prompts:
-            counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
-        shared = [list(ids[:-1]) for ids, count in counts.items()
-                  if count > 1 and len(ids) - 1 - self.prefix_cache.lookup(ids)[1] > 1]
+        candidates = _shared_prefixes(prompts)  # shortest first
+        while candidates:
+            outermost = [prefix for index, prefix in enumerate(candidates)
+                         if not any(prefix[: len(other)] == other for other in candidates[:index])]
+            done = set(outermost)
+            candidates = [prefix for prefix in candidates if prefix not in done]
+            shared = []
+            for prefix in outermost:
+                rows = sum(len(ids) > len(prefix) and tuple(ids[: len(prefix)]) == prefix for ids in prompts)
+                # the -1 is never compared: lookup leaves a prompt's last id to be run
+                new = len(prefix) - self.prefix_cache.lookup([*prefix, -1])[1]
+                if new > 1 and (rows - 1) * new >= _MIN_SHARED_SAVING:
+                    shared.append(list(prefix))
+            self._prefill_into_cache(shared)
+
+    def _prefill_into_cache(self, shared: list[list[int]]) -> None:
+        """Run ``shared`` (token-id sequences) through the model in batches and store their KV states."""
+        assert self.prefix_cache is not None
         shared.sort(key=len, reverse=True)
         for start in range(0, len(shared), self.batch_size):
             chunk = shared[start : start + self.batch_size]
@@ -245,36 +273,48 @@ class TransformersGenerator:
             for row, ids in enumerate(chunk):
                 self.prefix_cache.store(ids, _row_kv(outputs.past_key_values, row, batch.columns(row, 0)))
 
-    def _stop_filter(self, stops: tuple[str, ...]) -> torch.Tensor | None:
-        """Per token id: can this token be the one that completes one of ``stops``? (None: no filter)
+    def _stop_filters(self, stops: tuple[str, ...]) -> tuple[frozenset[int] | None, frozenset[int] | None]:
+        """The token ids that may end one of ``stops``, and those that may hold the start of one.
 
-        A stop string is completed by the token that adds its last character; when every last character is
-        ASCII (a byte that no multi-byte character contains), that token's own decoding contains it. Tokens
-        whose decoding is partial (U+FFFD) are kept as candidates.
+        A stop string's last and first characters each come from a single token when they are ASCII (a byte
+        that no multi-byte character contains), whose own decoding then contains it; tokens whose decoding is
+        partial (U+FFFD) are always included. ``None`` where that does not hold (no filter on that side); a
+        whitespace first character is not filtered on (decoders may drop a token's leading space).
         """
         finals = {stop[-1] for stop in stops}
-        if any(not final.isascii() for final in finals):
-            return None
-        key = tuple(sorted(finals))
-        filters = _STOP_FILTERS.setdefault(self._tokenizer, {})
-        if key not in filters:
-            texts = self._tokenizer.batch_decode([[token] for token in range(len(self._tokenizer))],
-                                                 skip_special_tokens=False)
-            flags = [any(final in text for final in finals) or "\ufffd" in text for text in texts]
-            flags += [True] * max(0, self.vocab_size - len(flags))  # ids the tokenizer does not know: check them
-            filters[key] = torch.tensor(flags, dtype=torch.bool)
-        return filters[key]
+        firsts = {stop[0] for stop in stops}
+        may_end = self._tokens_with(finals) if all(char.isascii() for char in finals) else None
+        may_start = (self._tokens_with(firsts)
+                     if all(char.isascii() and not char.isspace() for char in firsts) else None)
+        return may_end, may_start
+
+    def _tokens_with(self, chars: set[str]) -> frozenset[int]:
+        """Token ids whose own decoding contains one of ``chars`` or a partial character (cached per tokenizer)."""
+        key = tuple(sorted(chars))
+        found = _STOP_FILTERS.setdefault(self._tokenizer, {})
+        if key not in found:
+            known = len(self._tokenizer)
+            texts = self._tokenizer.batch_decode([[token] for token in range(known)], skip_special_tokens=False)
+            found[key] = frozenset([token for token, text in enumerate(texts)
+                                    if "\ufffd" in text or any(char in text for char in chars)]
+                                   + list(range(known, self.vocab_size)))  # ids the tokenizer does not know
+        return found[key]
 
     def _count(self, **counts: int) -> None:
         self.stats.add(**counts)
         PROCESS_GENERATION_STATS.add(**counts)
 
-    def _layout(self, prompts: list[list[int]]) -> _Batch:
+    def _layout(self, prompts: list[list[int]], new_tokens: int = 0) -> _Batch:
         """Lay a ragged batch out as ``[pad | cached prefix | pad | new suffix]`` rows (see the module docstring).
 
-        transformers batches a past only as one rectangular cache (``DynamicCache`` layers of shape
-        ``(batch, heads, length, dim)``) and has no call that merges per-sequence caches of different lengths,
-        so the cached prefixes are left-padded into one here; the padded slots are masked out.
+        transformers batches a past only as one rectangular cache (layers of shape ``(batch, heads, length,
+        dim)``) and has no call that merges per-sequence caches of different lengths, so the cached prefixes are
+        left-padded into one here; the padded slots are masked out. ``new_tokens``: the tokens the batch will
+        decode. Several rows attend through a padding mask anyway, so when the free slots are at most the prompt
+        width the past is transformers' ``StaticCache`` with room for them: a ``DynamicCache`` concatenates, so
+        copies, every layer's whole past at each decoded token (~8% of a batched rollout), a static one writes
+        one slot in place and attends over the free (masked) slots too. One row keeps the mask-free
+        ``DynamicCache``.
         """
         hits = [self.prefix_cache.lookup(ids) if self.prefix_cache is not None else (None, 0) for ids in prompts]
         cached = [length for _, length in hits]
@@ -290,28 +330,39 @@ class TransformersGenerator:
                 attention[row, cached_width - length : cached_width] = 1
             input_ids[row, width - suffix :] = torch.tensor(ids[length:], dtype=torch.long)
             attention[row, width - suffix :] = 1
-        cache = None
+        static = len(prompts) > 1 and 0 < new_tokens <= width
+        cache: DynamicCache | StaticCache | None = (
+            StaticCache(config=self.model.config, max_cache_len=width + new_tokens) if static else None)
         if cached_width:
+            device = self.model.device
             layers: list[tuple[torch.Tensor, torch.Tensor]] = []
             template = next(entry for entry, _ in hits if entry is not None).layers
             for layer, (keys, values) in enumerate(template):
-                shape = (len(prompts), keys.shape[0], cached_width, keys.shape[2])
-                batch_keys = keys.new_zeros(shape)
-                batch_values = values.new_zeros((len(prompts), values.shape[0], cached_width, values.shape[2]))
+                heads = keys.shape[0]
+                if cache is not None:  # zero-filled (batch, heads, width + new_tokens, dim), cached_width written
+                    slots, empty = cache.layers[layer], (len(prompts), heads, 0)
+                    slots.lazy_initialization(keys.new_empty((*empty, keys.shape[2]), device=device),
+                                              values.new_empty((*empty, values.shape[2]), device=device))
+                    slots.cumulative_length.fill_(cached_width)
+                    batch_keys, batch_values = slots.keys, slots.values
+                else:
+                    batch_keys = keys.new_zeros((len(prompts), heads, cached_width, keys.shape[2]), device=device)
+                    batch_values = values.new_zeros((len(prompts), heads, cached_width, values.shape[2]), device=device)
+                    layers.append((batch_keys, batch_values))
                 for row, (entry, length) in enumerate(hits):
                     if entry is not None and length:
-                        batch_keys[row, :, cached_width - length :] = entry.layers[layer][0][:, :length]
-                        batch_values[row, :, cached_width - length :] = entry.layers[layer][1][:, :length]
-                layers.append((batch_keys.to(self.model.device), batch_values.to(self.model.device)))
-            cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
+                        batch_keys[row, :, cached_width - length : cached_width] = entry.layers[layer][0][:, :length]
+                        batch_values[row, :, cached_width - length : cached_width] = entry.layers[layer][1][:, :length]
+            if cache is None:
+                cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
         return _Batch(input_ids, attention, cache, cached, cached_width, [len(ids) for ids in prompts])
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        batch = self._layout(prompts)
+        batch = self._layout(prompts, params.max_new_tokens)
         width = batch.input_ids.shape[1]
         device = self.model.device
         stopper = (_StopStrings(self._tokenizer, params.stop, width, len(prompts),
-                                self.eos_token_ids | {self.pad_token_id}, self._stop_filter(params.stop))
+                                self.eos_token_ids | {self.pad_token_id}, *self._stop_filters(params.stop))
                    if params.stop else None)
         recorder = _ChosenLogprobs(params.temperature) if params.logprobs else None
         output = self.model.generate(
@@ -335,7 +386,7 @@ class TransformersGenerator:
                     prefill_tokens=sum(batch.lengths) - sum(batch.cached),
                     decode_tokens=sum(len(completion.token_ids) for completion in completions))
         if self.prefix_cache is not None and output.past_key_values is not None:
-            cache_length = output.past_key_values.get_seq_length()
+            cache_length = int(output.past_key_values.get_seq_length())
             for row, (ids, completion) in enumerate(zip(prompts, completions, strict=True)):
                 # the last token of a sequence is never fed back, so its KV exists only if decoding went on
                 kept = min(len(completion.token_ids), cache_length - width)
@@ -409,7 +460,7 @@ class _Batch:
 
     input_ids: torch.Tensor
     attention: torch.Tensor
-    cache: DynamicCache | None
+    cache: DynamicCache | StaticCache | None
     cached: list[int]
     cached_width: int
     lengths: list[int]
@@ -422,7 +473,24 @@ class _Batch:
                           torch.arange(width - suffix, width + generated)])
 
 
-def _row_kv(cache: DynamicCache, row: int, columns: torch.Tensor) -> list[LayerKV]:
+def _shared_prefixes(prompts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """The maximal prefixes that two or more prompts share, each leaving every prompt at least its last token.
+
+    Sorted, prompts with a common beginning are neighbours, so every maximal shared prefix is the longest
+    common prefix of some adjacent pair (two identical prompts share all but their last token).
+    """
+    ordered = sorted(tuple(ids) for ids in prompts)
+    found: set[tuple[int, ...]] = set()
+    for first, second in itertools.pairwise(ordered):
+        limit = min(len(first), len(second)) - 1
+        if limit < 1 or first[0] != second[0]:
+            continue
+        differ = np.flatnonzero(np.asarray(first[:limit]) != np.asarray(second[:limit]))
+        found.add(first[: int(differ[0]) if differ.size else limit])
+    return sorted(found, key=len)
+
+
+def _row_kv(cache: DynamicCache | StaticCache, row: int, columns: torch.Tensor) -> list[LayerKV]:
     """One row's KV states at ``columns`` of every layer (contiguous copies, on the cache's device)."""
     result: list[LayerKV] = []
     for layer in cache.layers:

@@ -7,6 +7,7 @@ from prorag.rewards.hiprag import (
     RolloutReward,
     count_optimal,
     hierarchical_reward,
+    process_bonus_fires,
     rollout_reward,
     search_r1_reward,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "hierarchical_reward",
     "is_concise",
     "multistage_reward",
+    "process_bonus_fires",
     "rollout_reward",
     "search_r1_reward",
     "search_reward",

@@ -181,3 +181,19 @@ def rollout_reward(rollout: Any, step_verdicts: StepVerdicts | None, *, lambda_f
         raise ValueError(f"{optimal.n_steps} step verdicts for a rollout of {rollout.n_steps} steps")
     return RolloutReward(hierarchical_reward(answer, format_ok, rollout.n_steps, optimal.n_optimal, lambda_f,
                                              lambda_p), optimal)
+
+
+def process_bonus_fires(rollout: Any, step_verdicts: StepVerdicts | None, mode: str = "both") -> bool | None:
+    """Whether eq. 1's process bonus is non-zero for a rollout, whatever ``λp``: ``A·F·N_corr > 0``.
+
+    The same gate for every ``λp``, so a ``λp = 0`` run (Search-R1) reports how often the bonus *would* have fired.
+    False when the answer is wrong or the format failed (no verdicts needed); None when the gate depends on
+    ``N_corr`` and there are no verdicts (detection did not run). ``N_corr`` is counted over ``step_verdicts``
+    (:func:`count_optimal`); unlike :func:`rollout_reward` the step count is not checked against the rollout's,
+    so a statistic never stops a λp = 0 training run.
+    """
+    if not cover_exact_match(rollout.answer, rollout.golden_answers) or not rollout.format_ok:
+        return False
+    if step_verdicts is None:
+        return None
+    return count_optimal(step_verdicts, mode).n_optimal > 0

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch-size", type=int, default=8,
                         help="prompts gathered into one generate call (default: %(default)s)")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0,
-                        help="how long to wait for more requests (default: %(default)s)")
+                        help="how long after a request to wait for another one (default: %(default)s)")
     parser.add_argument("--max-tokens-limit", type=int, default=4096,
                         help="largest max_tokens a request may ask (default: %(default)s)")
     parser.add_argument("--default-max-tokens", type=int, default=None, help="default: min(256, limit)")

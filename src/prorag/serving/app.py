@@ -13,11 +13,11 @@ unless asked for; ``stop_reason`` names it (``null`` at end of sequence). Other 
 ``max_tokens`` a request gets ``default_max_tokens``. ``usage`` counts each prompt once and every generated
 token of every choice.
 
-Batching: requests arriving within ``batch_wait_ms`` of each other (up to ``max_batch_size`` prompts, plus
-whatever queued while the previous batch ran) are grouped by identical sampling parameters, and each group
-becomes one ``generator.generate`` call on a single worker thread, so the event loop stays responsive.
-A seeded sampling request runs on its own, so its samples do not depend on other traffic. Counters are on
-``app.state.stats`` (:class:`ServerStats`).
+Batching: requests arriving within ``batch_wait_ms`` of each other (up to ``max_batch_size`` prompts and at most
+four windows after the first, plus whatever queued while the previous batch ran) are grouped by identical
+sampling parameters, and each group becomes one ``generator.generate`` call on a single worker thread, so the
+event loop stays responsive. A seeded sampling request runs on its own, so its samples do not depend on other
+traffic. Counters are on ``app.state.stats`` (:class:`ServerStats`).
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests
 (malformed JSON, JSON nested too deeply, a lone surrogate in a string, unknown model, empty prompt or messages,

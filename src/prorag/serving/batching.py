@@ -20,6 +20,7 @@ class Pending(Protocol):
     future: asyncio.Future[Any]
 
 
+_MAX_WINDOWS = 4  # a batch waits at most this many windows after its first request
 ItemT = TypeVar("ItemT", bound=Pending)
 T = TypeVar("T")
 
@@ -28,11 +29,15 @@ class MicroBatcher(Generic[ItemT]):
     # Kept: `transformers serve` batches (continuous batching runs on CPU) but ignores logprobs and n and has no key,
     # LoRA or Host checks; vLLM has no CPU build here; `batched` sleeps its full window on every short queue and has no
     # multi-unit requests or grouping by sampling parameters. This one also batches the retrieval server's searches.
-    """Gathers requests for up to ``window_s`` (or until ``max_size`` units are queued) into one batch.
+    """Gathers requests arriving within ``window_s`` of each other (up to ``max_size`` units) into one batch.
 
-    Requests queued while a batch is executing are taken without waiting, so under load batches fill up
-    without adding latency. The blocking work of :meth:`execute` goes through :meth:`run_blocking`, one worker
-    thread, so the event loop keeps accepting requests meanwhile.
+    A batch closes when ``max_size`` units are queued, when no request arrived for ``window_s``, or
+    ``4 * window_s`` after its first request. The window runs from the last arrival, not the first: a burst
+    of concurrent requests whose HTTP handling takes longer than one window in all (16 clients answered
+    at once come back spread over ~20 ms) still makes one batch instead of splitting in two that then
+    alternate. Requests queued while a batch is executing are taken without waiting. The blocking work of
+    :meth:`execute` goes through :meth:`run_blocking`, one worker thread, so the event loop keeps accepting
+    requests meanwhile.
     """
 
     def __init__(self, *, name: str, window_s: float, max_size: int) -> None:
@@ -84,16 +89,22 @@ class MicroBatcher(Generic[ItemT]):
         while True:
             batch = [await queue.get()]
             size = self.size(batch[0])
-            deadline = loop.time() + self.window_s
+            cutoff = loop.time() + _MAX_WINDOWS * self.window_s
             while size < self.max_size:
                 if queue.empty():
-                    remaining = deadline - loop.time()
+                    remaining = min(self.window_s, cutoff - loop.time())
                     if remaining <= 0:
                         break
                     try:
                         item = await asyncio.wait_for(queue.get(), remaining)
                     except TimeoutError:
-                        break
+                        # A starved event loop (the GIL held by the worker and client threads) sees a request
+                        # and the timeout in the same pass, and runs the timeout first: one more pass lets
+                        # the request reach the queue instead of waiting a whole batch.
+                        await asyncio.sleep(0)
+                        if queue.empty():
+                            break
+                        continue
                 else:
                     item = queue.get_nowait()
                 batch.append(item)

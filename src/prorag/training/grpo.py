@@ -14,11 +14,12 @@
 * :class:`ComponentReward` hands one component to TRL, which sums the components (each already weighted) and
   logs each one's mean and std.
 * :class:`AgentGRPOTrainer` adds the agent statistics (format rate, CEM, OSR, USR, search ratio, retrievals,
-  unknown-judge rate, tokens) to TRL's logged metrics, summed over processes before the ratio is taken, and
-  DAPO's dynamic sampling filter when ``drop_uniform_groups`` is set (TRL 1.16 has none): groups whose rewards
-  are all equal are removed from the loss and its token normalizer, and ``dapo/dropped_group_fraction`` says how
-  many. DAPO's refill (``refill_rounds``) happens before, in the rollout function: each uniform group is replaced
-  by the group of a newly drawn training question, for a bounded number of rounds (``dapo/refilled_groups``).
+  unknown-judge rate, tokens, ``bonus_fired``: the share of rollouts whose process bonus fired) to TRL's logged
+  metrics, summed over processes before the ratio is taken, and DAPO's dynamic sampling filter when
+  ``drop_uniform_groups`` is set (TRL 1.16 has none): groups whose rewards are all equal are removed from the loss
+  and its token normalizer, and ``dapo/dropped_group_fraction`` says how many. DAPO's refill (``refill_rounds``)
+  happens before, in the rollout function: each uniform group is replaced by the group of a newly drawn training
+  question, for a bounded number of rounds (``dapo/refilled_groups``).
 * :func:`train_grpo_lora` trains a LoRA adapter (a fresh one, or continuing a given one such as the SFT adapter),
   with checkpoints every ``save_steps`` and resumption from the last checkpoint of an unfinished run.
 """
@@ -166,7 +167,8 @@ class AgentRolloutFunction:
         ``refill_rounds`` rounds; what is still uniform then is left to ``drop_uniform_groups``.
 
         The groups are TRL's: ``num_generations`` consecutive copies of one prompt. A local batch that is not whole
-        groups is left as it is (logged).
+        groups is left as it is (logged). The returned statistics (``bonus_fired`` and the multi-stage answer
+        statistics included) describe the final, refilled batch.
         """
         size = int(trainer.num_generations)
         groups = len(questions) // size
@@ -178,7 +180,11 @@ class AgentRolloutFunction:
         pool = list(self._questions.values())
         rollouts, totals = list(rollouts), list(scored.totals)
         components = {name: list(values) for name, values in scored.components.items()}
-        verdicts = list(scored.verdicts) if scored.verdicts is not None else None
+        # what else is per rollout travels with it, so the statistics describe the final batch
+        per_rollout: dict[str, list[Any] | None] = {
+            name: list(values) if values is not None and len(values) == len(rollouts) else None
+            for name, values in (("verdicts", scored.verdicts), ("optimal", scored.optimal),
+                                 ("bonus_fired", scored.bonus_fired), ("answer_correct", scored.answer_correct))}
         uniform_at_start = refilled = rounds = 0
         tried: set[str] = set()  # a question whose group was drawn once is not drawn again for this batch
         for round_index in range(self.refill_rounds + 1):
@@ -202,14 +208,22 @@ class AgentRolloutFunction:
                     totals[target] = new_scored.totals[source]
                     for name in components:
                         components[name][target] = new_scored.components[name][source]
-                    if verdicts is not None and new_scored.verdicts is not None:
-                        verdicts[target] = new_scored.verdicts[source]
+                    for name, values in per_rollout.items():
+                        new_values = getattr(new_scored, name)
+                        if values is not None:
+                            values[target] = (new_values[source] if new_values is not None
+                                              and source < len(new_values) else None)
             refilled += len(uniform)
         self.last_refill = {"dapo/uniform_groups_drawn": float(uniform_at_start),
                             "dapo/refilled_groups": float(refilled), "dapo/refill_rounds": float(rounds),
                             "dapo/uniform_groups_left": float(len(uniform_groups(totals, size)))}
-        stats = {**scored.stats, **batch_stats(rollouts, verdicts)}
-        return rollouts, ScoredBatch(components, totals, stats, verdicts, [None] * len(rollouts))
+        verdicts, optimal = per_rollout["verdicts"], per_rollout["optimal"]
+        bonus_fired, answer_correct = per_rollout["bonus_fired"], per_rollout["answer_correct"]
+        stats = {**scored.stats, **batch_stats(rollouts, verdicts, bonus_fired=bonus_fired,
+                                               answer_correct=answer_correct, stage=scored.stage)}
+        return rollouts, ScoredBatch(components, totals, stats, verdicts,
+                                     optimal if optimal is not None else [None] * len(rollouts), bonus_fired,
+                                     answer_correct, scored.stage)
 
     @contextlib.contextmanager
     def _policy(self, trainer: GRPOTrainer) -> Iterator[Generator]:

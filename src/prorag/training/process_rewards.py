@@ -15,7 +15,9 @@ and judges non-search steps; an unknown verdict (judge timeout, garbage, error) 
 judge outage lowers ``N_corr`` and shows up as ``unknown_rate`` — it cannot inflate a reward.
 
 Statistics are returned as ``(numerator, denominator)`` pairs so that several processes' batches can be summed
-before the ratio is taken (OSR and USR are ratios of sums, eq. 2).
+before the ratio is taken (OSR and USR are ratios of sums, eq. 2). Whenever detection ran, ``bonus_fired`` is the
+share of rollouts whose eq. 1 bonus gate ``A·F·N_corr`` is non-zero, computed the same way whatever ``λp`` (a
+Search-R1 run with ``judge_for_metrics`` reports how often the bonus *would* have fired).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Final, Literal, get_args
 from prorag.judges.detection import StepVerdicts, detect
 from prorag.metrics.qa import cover_exact_match
 from prorag.metrics.search import search_behaviour
-from prorag.rewards.hiprag import rollout_reward
+from prorag.rewards.hiprag import process_bonus_fires, rollout_reward
 from prorag.rewards.multistage import multistage_reward
 
 if TYPE_CHECKING:
@@ -112,6 +114,13 @@ class ScoredBatch:
     verdicts: list[StepVerdicts] | None = None
     optimal: list[OptimalCount | None] = field(default_factory=list)
     """Eq. 1 methods: each rollout's optimal/over/under/unknown step counts (None where not counted)."""
+    bonus_fired: list[bool | None] | None = None
+    """Per rollout, whether eq. 1's process-bonus gate ``A·F·N_corr`` is non-zero, whatever ``λp``
+    (:func:`~prorag.rewards.hiprag.process_bonus_fires`); None when detection did not run."""
+    answer_correct: list[bool | None] | None = None
+    """Multi-stage: each rollout's answer correctness (None: unknown verdict); None for other methods."""
+    stage: int | None = None
+    """Multi-stage: the stage the batch was scored in; None for other methods."""
 
 
 class RolloutScorer:
@@ -167,13 +176,13 @@ class RolloutScorer:
             for name in settings.components:
                 components[name].append(float(values[name]))
             totals.append(float(total))
-        stats = batch_stats(rollouts, verdicts)
-        if settings.method == "multistage":
-            count = float(len(rollouts))
-            stats["stage"] = (float(stage) * count, count)
-            stats["answer_correct"] = (float(sum(value is True for value in correctness)), count)
-            stats["answer_unknown_rate"] = (float(sum(value is None for value in correctness)), count)
-        return ScoredBatch(components, totals, stats, verdicts, optimal)
+        bonus = None if verdicts is None else [process_bonus_fires(rollout, verdicts[index], settings.detection_mode)
+                                               for index, rollout in enumerate(rollouts)]
+        multistage = settings.method == "multistage"
+        answer_correct = correctness if multistage else None
+        batch_stage = stage if multistage else None
+        stats = batch_stats(rollouts, verdicts, bonus_fired=bonus, answer_correct=answer_correct, stage=batch_stage)
+        return ScoredBatch(components, totals, stats, verdicts, optimal, bonus, answer_correct, batch_stage)
 
     def answers_correct(self, rollouts: Sequence[Rollout]) -> list[bool | None]:
         """Each rollout's answer judged against its golden answers: the answer judge's verdict (None: unknown, and
@@ -209,8 +218,15 @@ def build_scorer(spec: RewardSpec, index: RetrievalIndex, *, judge_for_metrics: 
     return RolloutScorer(settings, over_judge, under_judge, embed=embed, answer_judge=answer_judge)
 
 
-def batch_stats(rollouts: Sequence[Rollout], verdicts: Sequence[StepVerdicts] | None) -> dict[str, Ratio]:
-    """Format rate, CEM, steps, search ratio, retrievals, tokens and — with verdicts — OSR, USR, unknown rate."""
+def batch_stats(rollouts: Sequence[Rollout], verdicts: Sequence[StepVerdicts] | None, *,
+                bonus_fired: Sequence[bool | None] | None = None,
+                answer_correct: Sequence[bool | None] | None = None, stage: int | None = None) -> dict[str, Ratio]:
+    """Format rate, CEM, steps, search ratio, retrievals, tokens and — with verdicts — OSR, USR, unknown rate.
+
+    Per-rollout extras, each aligned with ``rollouts``: ``bonus_fired`` gives ``bonus_fired`` (the share of
+    rollouts whose eq. 1 bonus gate is open, :attr:`ScoredBatch.bonus_fired`); ``answer_correct`` and ``stage``
+    give the multi-stage ``answer_correct``, ``answer_unknown_rate`` and ``stage``.
+    """
     count = float(len(rollouts))
     behaviour = search_behaviour(verdicts if verdicts is not None else rollouts)
     stats: dict[str, Ratio] = {
@@ -229,4 +245,14 @@ def batch_stats(rollouts: Sequence[Rollout], verdicts: Sequence[StepVerdicts] | 
         stats["usr"] = (float(behaviour.under_search), float(behaviour.under_known))
         unknown = behaviour.over_unknown + behaviour.under_unknown
         stats["unknown_rate"] = (float(unknown), float(unknown + behaviour.over_known + behaviour.under_known))
+    for name, values in (("bonus_fired", bonus_fired), ("answer_correct", answer_correct)):
+        if values is not None and len(values) != len(rollouts):
+            raise ValueError(f"{len(values)} {name} values for {len(rollouts)} rollouts")
+    if bonus_fired is not None:
+        stats["bonus_fired"] = (float(sum(value is True for value in bonus_fired)), count)
+    if answer_correct is not None:
+        stats["answer_correct"] = (float(sum(value is True for value in answer_correct)), count)
+        stats["answer_unknown_rate"] = (float(sum(value is None for value in answer_correct)), count)
+    if stage is not None:
+        stats["stage"] = (float(stage) * count, count)
     return stats

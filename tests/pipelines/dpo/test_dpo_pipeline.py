@@ -35,3 +35,8 @@ def test_train_dpo_logs_curves_and_returns_the_adapter(mlflow_uri: str) -> None:
     assert [entry["step"] for entry in curve] == [1, 2]
     history = mlflow.tracking.MlflowClient().get_metric_history(run.info.run_id, "dpo.rewards/margins")
     assert [point.step for point in history] == [1, 2]
+
+
+def test_train_dpo_without_pairs_says_why_and_what_to_change() -> None:
+    with pytest.raises(ValueError, match=r"reasonrag_pairs is empty.*min_reward_gap.*reasonrag_data\.policy"):
+        train_dpo([], DPOParams(), PolicySpec(model=BUNDLED_TINY_LLAMA))

@@ -21,6 +21,12 @@ def train_dpo(pair_records: list[dict[str, Any]], params: DPOParams, policy: Pol
     """Train a LoRA adapter on the pairs; returns its folder (versioned by the catalog), a summary (``dpo.*`` in
     MLflow; the per-step curves are logged live as ``dpo.loss``, ``dpo.rewards/margins``, ``dpo.rewards/accuracies``
     …) and the training log (a reporting file)."""
+    if not pair_records:
+        raise ValueError(
+            "reasonrag_pairs is empty: no two sibling MCTS steps differ in value by reasonrag_data.min_reward_gap "
+            "(reasonrag_data_report has the tree statistics; when the explorer answers every simulated question "
+            "wrongly, every Q is 0). Explore more (reasonrag_data.questions.max_per_source, mcts.iterations) or with "
+            "a stronger explorer (reasonrag_data.policy)")
     tokenizer = load_tokenizer(policy.model)
     rows = preference_rows(tokenizer, pair_records)
     output_dir = Path(tempfile.mkdtemp(prefix="prorag-dpo-"))
