@@ -28,7 +28,7 @@ def _readers(parameter: str) -> set[str]:
     return {node.name for node in register_pipelines()["train"].nodes if parameter in node.inputs}
 
 
-@pytest.mark.parametrize("env", ["local", "gpu"])
+@pytest.mark.parametrize("env", ["local", "gpu", "cpu_long"])
 def test_every_parameter_file_validates(env):
     parsed = validate_parameters(_parameters(env), all_parameter_schemas())
     assert set(SHARED) <= set(parsed)
@@ -98,6 +98,17 @@ def test_the_multistage_preset_runs_a_pipeline_without_an_sft_stage():
     assert not any(node.namespace in {"sft", "sft_synthesis"} for node in pipeline.nodes)
     with pytest.raises(ValueError, match=r"rl\.init: instruct"):
         train_rl_from_instruct([], None, RLParams(init="sft"), None, None, None)  # type: ignore[arg-type]
+
+
+def test_cpu_long_trains_sft_longer_on_more_sources_and_keeps_the_rest_of_base():
+    base = validate_parameters(_parameters("local"), all_parameter_schemas())
+    long = validate_parameters(_parameters("cpu_long"), all_parameter_schemas())
+    assert (long["sft"].max_steps, long["sft"].num_train_epochs) == (-1, 1)
+    assert base["sft"].max_steps > 0
+    assert set(long["sft_synthesis"].sources) > set(base["sft_synthesis"].sources) >= {"musique_train", "hotpotqa"}
+    assert long["sft_synthesis"].single_search
+    assert long["sft_synthesis"].retriever == base["sft_synthesis"].retriever
+    assert long["agent"] == base["agent"] and long["rollout"] == base["rollout"] and long["rl"] == base["rl"]
 
 
 def test_hiprag_at_paper_scale_under_the_gpu_env():
