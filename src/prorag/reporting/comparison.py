@@ -25,6 +25,7 @@ from prorag.metrics.compare import (
 from prorag.metrics.qa import bootstrap_interval
 from prorag.metrics.rollout import summarize_rollouts
 from prorag.protocol.registry import protocol_names
+from prorag.reporting.cells import missing, percent, with_interval
 
 MACRO = "macro"
 BEHAVIOUR_COLUMNS = ("format_rate", "avg_steps", "avg_retrieval_count", "avg_generated_tokens",
@@ -107,7 +108,7 @@ def _macro_row(method: str, scores: pd.DataFrame, dataset_rows: list[dict[str, A
             scores[metric], scores["dataset"], confidence=inputs.confidence, resamples=inputs.bootstrap_resamples,
             seed=inputs.seed)
     for column in (*BEHAVIOUR_COLUMNS, "lasj", "lasj_unknown"):
-        values = [r[column] for r in dataset_rows if not _missing(r.get(column))]
+        values = [r[column] for r in dataset_rows if not missing(r.get(column))]
         row[column] = float(np.mean(values)) if values else math.nan
     row.update({column: judged.get(column, math.nan) for column in SEARCH_COLUMNS})
     return row
@@ -132,10 +133,6 @@ def _lasj(frame: pd.DataFrame, method: str, dataset: str) -> dict[str, float]:
     known = subset[subset["known"]]
     return {"lasj": float(known["value"].mean()) if len(known) else math.nan,
             "lasj_unknown": float(1.0 - subset["known"].mean())}
-
-
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 # ------------------------------------------------------------------------------------------------ the report
@@ -163,20 +160,20 @@ def render_report(inputs: ComparisonInputs, table: pd.DataFrame, tests: pd.DataF
     lines += ["", "## Results, macro-averaged over datasets", "", header,
               "|---" * (header.count("|") - 1) + "|"]
     for method, row in macro.iterrows():
-        cells = [_with_interval(row, "cem"), _with_interval(row, "em"), _with_interval(row, "f1"),
-                 _percent(row["format_rate"]), f"{row['avg_steps']:.2f}", f"{row['avg_retrieval_count']:.2f}",
+        cells = [with_interval(row, "cem"), with_interval(row, "em"), with_interval(row, "f1"),
+                 percent(row["format_rate"]), f"{row['avg_steps']:.2f}", f"{row['avg_retrieval_count']:.2f}",
                  f"{row['avg_generated_tokens']:.0f}", f"{row['context_tokens_per_retrieval']:.0f}",
-                 _percent(row["osr"]), _percent(row["usr"]), _percent(row["unknown_rate"])]
+                 percent(row["osr"]), percent(row["usr"]), percent(row["unknown_rate"])]
         if has_lasj:
-            cells.append(f"{_percent(row['lasj'])} ({_percent(row['lasj_unknown'])} unknown)")
+            cells.append(f"{percent(row['lasj'])} ({percent(row['lasj_unknown'])} unknown)")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "## CEM per dataset", "", "| arm | " + " | ".join(datasets) + " | macro |",
               "|---" * (len(datasets) + 2) + "|"]
     per_dataset = table.set_index(["method", "dataset"])
     for method in macro.index:
-        cells = [_with_interval(per_dataset.loc[(method, dataset)], "cem") if (method, dataset) in per_dataset.index
+        cells = [with_interval(per_dataset.loc[(method, dataset)], "cem") if (method, dataset) in per_dataset.index
                  else "–" for dataset in datasets]
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {_with_interval(macro.loc[method], 'cem')} |")
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {with_interval(macro.loc[method], 'cem')} |")
     lines += _tests_section(tests, inputs.reference, pct)
     if inputs.answer_judge is not None:
         judge = inputs.answer_judge
@@ -221,19 +218,6 @@ def _tests_section(tests: pd.DataFrame, reference: str, pct: int) -> list[str]:
                      f"{better} / {worse} / {row['ties']} | {row['p_value']:.3g} | {row['p_holm']:.3g} | "
                      f"{needed if needed >= 0 else '–'} |")
     return [*lines, "", "Every pair and metric (EM, F1 too) is in `comparison_tests.csv`."]
-
-
-def _with_interval(row: Any, metric: str) -> str:
-    value, low, high = row[metric], row[f"{metric}_low"], row[f"{metric}_high"]
-    if _missing(value):
-        return "–"
-    if _missing(low):
-        return f"{value:.3f}"
-    return f"{value:.3f} [{low:.3f}, {high:.3f}]"
-
-
-def _percent(value: Any) -> str:
-    return "–" if _missing(value) else f"{100 * value:.0f}%"
 
 
 # ------------------------------------------------------------------------------------------------- the plots
@@ -288,7 +272,7 @@ def search_figure(table: pd.DataFrame) -> Figure:
     axes.bar(centers - 0.2, macro["osr"], 0.4, label="OSR (over-search)")
     axes.bar(centers + 0.2, macro["usr"].fillna(0), 0.4, label="USR (under-search)")
     for center, unknown in zip(centers, macro["unknown_rate"], strict=True):
-        if not _missing(unknown):
+        if not missing(unknown):
             axes.annotate(f"{100 * unknown:.0f}% unknown", (center, 0.02), ha="center", fontsize="x-small")
     axes.set_xticks(centers, list(macro["method"]), rotation=20)
     axes.set_ylim(0, 1)

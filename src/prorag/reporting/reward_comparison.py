@@ -32,6 +32,7 @@ from prorag.agent.trajectory import Rollout
 from prorag.metrics.compare import paired_test, question_scores, questions_needed
 from prorag.metrics.qa import bootstrap_interval
 from prorag.metrics.search import search_behaviour
+from prorag.reporting.cells import missing, percent, with_interval
 
 QUESTION_COLUMNS: Final = ("question_key", "dataset", "cem", "format_ok", "retrievals", "search_steps",
                            "non_search_steps", "over_search", "over_known", "under_search", "under_known",
@@ -237,24 +238,6 @@ def paired_differences(runs: Sequence[RunResult], arm_a: str, arm_b: str, *, met
 # ------------------------------------------------------------------------------------------------ the report
 
 
-def _interval(row: Mapping[str, Any], metric: str, *, percent: bool = False) -> str:
-    value, low, high = (row.get(name, math.nan) for name in (metric, f"{metric}_low", f"{metric}_high"))
-    scale, digits = (100.0, 1) if percent else (1.0, 3)
-    if _missing(value):
-        return "–"
-    if _missing(low):
-        return f"{scale * value:.{digits}f}"
-    return f"{scale * value:.{digits}f} [{scale * low:.{digits}f}, {scale * high:.{digits}f}]"
-
-
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _percent(value: Any) -> str:
-    return "–" if _missing(value) else f"{100 * value:.1f}%"
-
-
 TABLE_HEADER: Final = ("| arm | seed | λp | questions | CEM | retrievals | OSR (%) | USR (%) | search ratio (%) "
                        "| format | bonus fired (train) | reward first → last | minutes |")
 
@@ -265,9 +248,10 @@ def table_lines(rows: pd.DataFrame) -> list[str]:
     for row in rows.to_dict("records"):
         lines.append(
             f"| {row['arm']} | {row['seed']} | {row['lambda_p']:.2f} | {int(row['n_questions'])} | "
-            f"{_interval(row, 'cem')} | {_interval(row, 'retrievals')} | {_interval(row, 'osr', percent=True)} | "
-            f"{_interval(row, 'usr', percent=True)} | {_interval(row, 'search_ratio', percent=True)} | "
-            f"{_percent(row['format_rate'])} | {_percent(row['bonus_fired'])} ({int(row['bonus_steps'])} steps) | "
+            f"{with_interval(row, 'cem')} | {with_interval(row, 'retrievals')} | "
+            f"{with_interval(row, 'osr', percent=True)} | {with_interval(row, 'usr', percent=True)} | "
+            f"{with_interval(row, 'search_ratio', percent=True)} | {percent(row['format_rate'], digits=1)} | "
+            f"{percent(row['bonus_fired'], digits=1)} ({int(row['bonus_steps'])} steps) | "
             f"{row['train_reward_first']:.3f} → {row['train_reward_last']:.3f} | {row['seconds'] / 60:.1f} |")
     return lines
 
@@ -283,9 +267,9 @@ def render_report(rows: pd.DataFrame, tests: pd.DataFrame, *, title: str, settin
     pooled = rows[rows["seed"] == POOLED]
     for row in pooled.to_dict("records"):
         share = row["bonus_fired"]
-        verdict = ("no step logged it (detection off?)" if _missing(share)
+        verdict = ("no step logged it (detection off?)" if missing(share)
                    else "goal met" if share >= BONUS_GOAL else "goal NOT met: the bonus rarely shaped the updates")
-        lines.append(f"- {row['arm']}: the process bonus fired in {_percent(share)} of training rollouts "
+        lines.append(f"- {row['arm']}: the process bonus fired in {percent(share, digits=1)} of training rollouts "
                      f"(goal ≥ {BONUS_GOAL:.0%}: {verdict}).")
     lines += ["", "## Paired differences", ""]
     if tests.empty:
@@ -333,7 +317,7 @@ def _budget_sentence(tests: pd.DataFrame) -> str:
     if needed < 0:
         return (f"CEM did not differ on these {int(test['n'])} questions: no budget can be derived from a zero "
                 "difference; any real difference is smaller than this evaluation resolves.")
-    significant = not _missing(test["p_value"]) and test["p_value"] < 0.05
+    significant = not missing(test["p_value"]) and test["p_value"] < 0.05
     return (f"Budget: detecting the observed Δ CEM of {test['difference']:+.3f} (per-question spread "
             f"{test['sd_difference']:.3f}) with 80% power at 5% needs about {needed} evaluation questions per arm; "
             f"this run had {int(test['n'])} ({'significant' if significant else 'not significant'} here, "
