@@ -585,17 +585,18 @@ def _plan_single_search(question: Question, hits: Sequence[Hit]) -> _Plan:
 
 
 def _single_search_plans(questions: Sequence[Question], retriever: Retriever | None, top_k: int,
-                         skipped: dict[str, str]) -> dict[str, _Plan]:
-    """Single-search plans of ``questions`` (one batched retriever call), keyed by question key."""
+                         skipped: dict[str, str]) -> dict[str, tuple[_Plan, list[list[Hit]]]]:
+    """Single-search plans of ``questions`` with the hits of their one query (one batched retriever call), keyed
+    by question key."""
     if retriever is None:
         for question in questions:
             skipped[question.key] = "single search needs a retriever"
         return {}
     hits = _search(retriever, [_trim_query(normalize_text(question.question)) for question in questions], top_k)
-    plans: dict[str, _Plan] = {}
+    plans: dict[str, tuple[_Plan, list[list[Hit]]]] = {}
     for question, question_hits in zip(questions, hits, strict=True):
         try:
-            plans[question.key] = _plan_single_search(question, question_hits[:top_k])
+            plans[question.key] = (_plan_single_search(question, question_hits[:top_k]), [question_hits])
         except SynthesisSkipped as error:
             skipped[question.key] = error.reason
     return plans
@@ -627,19 +628,19 @@ def synthesize_trajectories(questions: Sequence[Question], retriever: Retriever 
             decomposed[question.key] = planner(question)
         except SynthesisSkipped as error:
             skipped[question.key] = error.reason
-    single_plans = _single_search_plans(single, retriever, top_k, skipped) if single else {}
-    plans = [plan for question in questions
-             if (plan := decomposed.get(question.key) or single_plans.get(question.key)) is not None]
-    # single-search queries are searched again here: the retriever is deterministic, so the hits are the same
-    hits = _search(retriever, [query for plan in plans for query in plan.queries], top_k)
+    planned = _single_search_plans(single, retriever, top_k, skipped) if single else {}
+    hits = _search(retriever, [query for plan in decomposed.values() for query in plan.queries], top_k)
+    start = 0
+    for key, plan in decomposed.items():
+        planned[key] = (plan, hits[start : start + len(plan.queries)])
+        start += len(plan.queries)
     adapter = build_adapter(protocol)
     trajectories: list[SynthesizedTrajectory] = []
-    start = 0
-    for plan in plans:
-        end = start + len(plan.queries)
-        rng = random.Random(f"{seed}/{plan.question.key}")
-        trajectories.append(_realize(plan, hits[start:end], top_k, rng, adapter))
-        start = end
+    for question in questions:
+        if question.key in planned:
+            plan, plan_hits = planned[question.key]
+            rng = random.Random(f"{seed}/{question.key}")
+            trajectories.append(_realize(plan, plan_hits, top_k, rng, adapter))
     if skipped:
         logger.info("skipped %d of %d questions: %s", len(skipped), len(questions),
                     dict(Counter(skipped.values())))
