@@ -27,7 +27,6 @@ import asyncio
 import os
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from prorag.data import load_questions
 from prorag.judges import JudgeCache, LLMJudge, Verdict
 from prorag.llm.generation import Completion, SamplingParams
 from prorag.serving import create_app, serve_in_thread
+from prorag.testing import ScriptedModel
 from report import ROOT, Row, write_report  # benchmarks/report.py
 
 QUESTIONS = ROOT / "data" / "01_raw" / "qa" / "hotpotqa.jsonl"
@@ -82,43 +82,20 @@ def sleeping_endpoint(latency_s: float) -> FastAPI:
     return app
 
 
-class CharTokenizer:
-    """Character-level tokenizer: what ``create_app`` needs (encode, decode, length)."""
-
-    def __len__(self) -> int:
-        return 0x110000
-
-    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
-        return {"input_ids": [ord(char) for char in text]}
-
-    def decode(self, ids: Sequence[int], **_: Any) -> str:
-        return "".join(chr(token) for token in ids)
-
-
-class SleepingJudgeModel:
+class SleepingJudgeModel(ScriptedModel):
     """A deterministic ``Generator`` test double: sleeps ``latency_s`` per ``generate`` call (whatever the
     batch size) and answers :data:`REPLY` to every prompt."""
 
     def __init__(self, latency_s: float) -> None:
+        super().__init__()
         self.latency_s = latency_s
-        self._tokenizer = CharTokenizer()
-        self.calls = 0
-        self._lock = threading.Lock()
 
-    @property
-    def tokenizer(self) -> CharTokenizer:
-        return self._tokenizer
-
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> str:
-        return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+    def reply(self, prompt: str) -> str:
+        return REPLY
 
     def generate(self, prompts: Sequence[str | list[int]], params: SamplingParams) -> list[list[Completion]]:
-        with self._lock:
-            self.calls += 1
         time.sleep(self.latency_s)
-        ids = self._tokenizer(REPLY)["input_ids"]
-        return [[Completion(text=REPLY, token_ids=list(ids), logprobs=None, finish_reason="stop", stop=None,
-                            prompt_tokens=len(prompt))] * params.n for prompt in prompts]
+        return super().generate(prompts, params)
 
 
 @dataclass

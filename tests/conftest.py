@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from prorag.llm.generation import Completion, SamplingParams
+from prorag.testing import ScriptedModel
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,41 +80,15 @@ def project_copy(tmp_path: Path) -> Iterator[Path]:
         os.chdir(previous)
 
 
-class CharTokenizer:
-    """A character-level tokenizer: all the served app needs (encode, decode, length)."""
-
-    def __len__(self) -> int:
-        return 0x110000
-
-    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
-        return {"input_ids": [ord(char) for char in text]}
-
-    def decode(self, ids: Sequence[int], **_: Any) -> str:
-        return "".join(chr(token) for token in ids)
-
-
-class ScriptedJudgeModel:
-    """A deterministic ``Generator`` that plays a judge model.
+class ScriptedJudgeModel(ScriptedModel):
+    """A judge model to serve on loopback.
 
     Equivalence: True when the two statements are equal ignoring case, False otherwise. Step verification:
     True when the conclusion mentions Paris. Answer check: YES when the prediction is among the references.
     Any material containing "garble" gets a reply without a verdict.
     """
 
-    def __init__(self) -> None:
-        self._tokenizer = CharTokenizer()
-        self.prompts: list[str] = []
-        self._lock = threading.Lock()
-
-    @property
-    def tokenizer(self) -> CharTokenizer:
-        return self._tokenizer
-
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> str:
-        return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
-
-    @staticmethod
-    def reply(prompt: str) -> str:
+    def reply(self, prompt: str) -> str:
         user = prompt.rsplit("<|user|>\n", 1)[-1]
         if "garble" in user:
             return "Hmm, hard to say. Possibly?"
@@ -128,18 +100,6 @@ class ScriptedJudgeModel:
         if (match := re.search(r"Prediction: (.*)\nReference Answers: (.*)\n", user)) is not None:
             return "YES" if f"'{match.group(1)}'" in match.group(2) else "NO."
         return "unexpected prompt"
-
-    def generate(self, prompts: Sequence[str | list[int]], params: SamplingParams) -> list[list[Completion]]:
-        results = []
-        for prompt in prompts:
-            text = prompt if isinstance(prompt, str) else self._tokenizer.decode(prompt)
-            with self._lock:
-                self.prompts.append(text)
-            reply = self.reply(text)
-            ids = self._tokenizer(reply)["input_ids"]
-            results.append([Completion(text=reply, token_ids=ids, logprobs=None, finish_reason="stop", stop=None,
-                                       prompt_tokens=len(text))] * params.n)
-        return results
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from prorag.retrieval.bm25 import BM25Retriever
 from prorag.retrieval.embedder import load_embedder
 from prorag.retrieval.store import PassageStore
 from prorag.rewards import count_optimal
+from prorag.testing import ScriptedModel
 from prorag.training.process_rewards import RewardSettings, RolloutScorer, batch_stats
 
 PASSAGES = [
@@ -177,39 +178,13 @@ def test_batch_stats_take_per_rollout_bonus_and_answer_flags():
         batch_stats(ROLLOUTS, None, bonus_fired=[True, False])
 
 
-class AnswerJudgeModel:
+class AnswerJudgeModel(ScriptedModel):
     """Plays the multi-stage paper's LLM judge over the project's server: YES for a prediction naming Cincinnati,
     NO for Denver, a reply without a verdict for anything else."""
 
-    def __init__(self) -> None:
-        self.tokenizer = _CharTokenizer()
-
-    def apply_chat_template(self, messages) -> str:
-        return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
-
-    def generate(self, prompts, params):
-        from prorag.llm.generation import Completion
-
-        results = []
-        for prompt in prompts:
-            text = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
-            prediction = text.split("Prediction:")[-1].split("\n")[0].lower()
-            reply = "YES" if "cincinnati" in prediction else "NO" if "denver" in prediction else "It depends."
-            ids = self.tokenizer(reply)["input_ids"]
-            results.append([Completion(text=reply, token_ids=ids, logprobs=None, finish_reason="stop", stop=None,
-                                       prompt_tokens=len(text))] * params.n)
-        return results
-
-
-class _CharTokenizer:
-    def __len__(self) -> int:
-        return 0x110000
-
-    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
-        return {"input_ids": [ord(char) for char in text]}
-
-    def decode(self, ids, **_: object) -> str:
-        return "".join(chr(token) for token in ids)
+    def reply(self, prompt: str) -> str:
+        prediction = prompt.split("Prediction:")[-1].split("\n")[0].lower()
+        return "YES" if "cincinnati" in prediction else "NO" if "denver" in prediction else "It depends."
 
 
 def test_multistage_answers_are_judged_by_the_llm_judge_and_unknown_is_never_correct(policy):
