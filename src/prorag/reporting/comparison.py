@@ -245,20 +245,23 @@ def accuracy_figure(table: pd.DataFrame) -> Figure:
 
 
 def efficiency_figure(table: pd.DataFrame) -> Figure:
-    """Macro CEM against output tokens and against retrievals per question: the efficiency frontier."""
+    """Macro CEM against output tokens and against retrievals per question: the efficiency frontier. One marker
+    and colour per arm, named in a legend (labels written beside the points overlapped where arms coincide)."""
     macro = table[table["dataset"] == MACRO]
-    figure = Figure(figsize=(10.0, 4.0), layout="constrained")
+    figure = Figure(figsize=(10.0, 4.5), layout="constrained")
+    markers = "osD^vP*Xh<>p"
     for axes, column, label in zip(figure.subplots(1, 2), ("avg_generated_tokens", "avg_retrieval_count"),
                                    ("output tokens per question", "retrievals per question"), strict=True):
-        errors = np.array([(macro["cem"] - macro["cem_low"]).clip(lower=0).fillna(0),
-                           (macro["cem_high"] - macro["cem"]).clip(lower=0).fillna(0)])
-        axes.errorbar(macro[column], macro["cem"], yerr=errors, fmt="o", capsize=3)
-        for _, row in macro.iterrows():
-            axes.annotate(row["method"], (row[column], row["cem"]), textcoords="offset points", xytext=(4, 4),
-                          fontsize="small")
+        for index, (_, row) in enumerate(macro.iterrows()):
+            errors = [[max(row["cem"] - row["cem_low"], 0) if not missing(row["cem_low"]) else 0],
+                      [max(row["cem_high"] - row["cem"], 0) if not missing(row["cem_high"]) else 0]]
+            axes.errorbar([row[column]], [row["cem"]], yerr=errors, fmt=markers[index % len(markers)], capsize=3,
+                          color=f"C{index % 10}", alpha=0.85, label=row["method"])
         axes.set_xlabel(label)
         axes.set_ylabel("CEM (macro)")
         axes.set_ylim(0, 1)
+    figure.legend(*figure.axes[0].get_legend_handles_labels(), loc="outside lower center",
+                  ncols=min(len(macro), 5), fontsize="small")
     figure.suptitle("Accuracy against cost")
     return figure
 
