@@ -149,12 +149,13 @@ def print_table(title: str, rows: Any, tests: Any) -> None:
 
     table = Table(title=title)
     for column in ("arm", "seed", "λp", "n", "CEM", "retrievals", "OSR %", "USR %", "search %", "bonus fired %",
-                   "reward first→last", "min"):
+                   "groups shaped %", "reward first→last", "min"):
         table.add_column(column)
     for row in rows.to_dict("records"):
         table.add_row(row["arm"], row["seed"], f"{row['lambda_p']:.2f}", str(int(row["n_questions"])),
                       cell(row, "cem"), cell(row, "retrievals"), cell(row, "osr", 100), cell(row, "usr", 100),
                       cell(row, "search_ratio", 100), f"{100 * row['bonus_fired']:.1f}",
+                      "–" if math.isnan(row["process_shaped"]) else f"{100 * row['process_shaped']:.1f}",
                       f"{row['train_reward_first']:.3f}→{row['train_reward_last']:.3f}", f"{row['seconds'] / 60:.1f}",
                       style="bold" if row["seed"] == POOLED else None)
     console = Console(width=max(Console().width, 200))  # a pipe gets 80 columns: too narrow for the intervals

@@ -53,8 +53,9 @@ def _questions(cem: list[float], *, over: list[int] | None = None, retrievals: l
         "under_known": [1] * n, "judge_unknown": [0] * n, "judge_checked": [2] * n}, columns=list(QUESTION_COLUMNS))
 
 
-def _curve(rewards: list[float], bonus: list[float]) -> pd.DataFrame:
+def _curve(rewards: list[float], bonus: list[float], shaped: list[float] | None = None) -> pd.DataFrame:
     return pd.DataFrame({"step": range(1, len(rewards) + 1), "reward": rewards, "bonus_fired": bonus,
+                         "process_shaped": shaped if shaped is not None else [math.nan] * len(rewards),
                          "cem": [math.nan] * len(rewards)})
 
 
@@ -62,11 +63,11 @@ def _curve(rewards: list[float], bonus: list[float]) -> pd.DataFrame:
 def runs() -> list[RunResult]:
     return [
         RunResult("hiprag", 0, _questions([1, 1, 0, 1, 0, 1], over=[0, 0, 1, 0, 0, 0]),
-                  _curve([0.2, 0.6], [0.0, 0.5]), seconds=600.0, lambda_p=0.4),
+                  _curve([0.2, 0.6], [0.0, 0.5], [0.0, 1.0]), seconds=600.0, lambda_p=0.4),
         RunResult("hiprag", 1, _questions([1, 0, 0, 1, 1, 1], over=[1, 0, 1, 0, 0, 0]),
-                  _curve([0.3, 0.5], [0.25, 0.25]), seconds=660.0, lambda_p=0.4),
+                  _curve([0.3, 0.5], [0.25, 0.25], [0.0, 0.0]), seconds=660.0, lambda_p=0.4),
         RunResult("search_r1", 0, _questions([0, 1, 0, 0, 0, 1], over=[1, 1, 1, 0, 0, 0]),
-                  _curve([0.2, 0.3], [0.0, 0.25]), seconds=500.0, lambda_p=0.0),
+                  _curve([0.2, 0.3], [0.0, 0.25], [0.0, 0.0]), seconds=500.0, lambda_p=0.0),
         RunResult("search_r1", 1, _questions([0, 0, 0, 1, 0, 1], over=[1, 1, 0, 0, 0, 0]),
                   _curve([0.1, 0.2], [0.0, 0.0]), seconds=540.0, lambda_p=0.0),
     ]
@@ -100,13 +101,15 @@ def test_question_table_from_trajectory_and_verdict_records():
 
 
 def test_training_curve_keeps_the_training_steps_and_marks_missing_statistics():
-    log = [{"step": 2, "reward": 0.5, "agent/bonus_fired": 0.25, "agent/cem": 0.5, "loss": 0.1},
+    log = [{"step": 2, "reward": 0.5, "agent/bonus_fired": 0.25, "agent/process_shaped": 0.5, "agent/cem": 0.5,
+            "loss": 0.1},
            {"step": 1, "reward": 0.25, "agent/cem": 0.0},  # logged before bonus_fired existed / detection off
            {"step": 2, "train_runtime": 12.0, "train_loss": 0.1}]  # TRL's summary entry: no reward
     curve = training_curve(log)
     assert curve["step"].tolist() == [1, 2]
     assert curve["reward"].tolist() == [0.25, 0.5]
     assert math.isnan(curve["bonus_fired"].iloc[0]) and curve["bonus_fired"].iloc[1] == 0.25
+    assert math.isnan(curve["process_shaped"].iloc[0]) and curve["process_shaped"].iloc[1] == 0.5
 
 
 def test_ratio_interval_is_a_bootstrap_of_a_ratio_of_sums():
@@ -134,12 +137,14 @@ def test_arms_pool_seeds_per_question_with_intervals_and_the_bonus_share(runs):
     assert hiprag["usr"] == 0.0 and hiprag["search_ratio"] == 0.5
     assert hiprag["bonus_fired"] == pytest.approx((0.0 + 0.5 + 0.25 + 0.25) / 4)  # every step of every seed
     assert hiprag["bonus_steps"] == 4
+    assert hiprag["process_shaped"] == pytest.approx(1.0 / 4)  # mean per-step share over both seeds
     assert hiprag["train_reward_first"] == pytest.approx(0.25) and hiprag["train_reward_last"] == pytest.approx(0.55)
     assert hiprag["seconds"] == 1260.0 and hiprag["seeds"] == 2 and hiprag["lambda_p"] == 0.4
     seed0 = rows.set_index(["arm", "seed"]).loc[("hiprag", "0")]
     assert seed0["cem"] == pytest.approx(4 / 6) and seed0["bonus_fired"] == 0.25 and seed0["seconds"] == 600.0
     search_r1 = rows.set_index(["arm", "seed"]).loc[("search_r1", POOLED)]
     assert search_r1["bonus_fired"] == pytest.approx(0.25 / 4) and search_r1["lambda_p"] == 0.0
+    assert search_r1["process_shaped"] == 0.0  # seed 1's curve predates the statistic: seed 0's steps only
 
 
 def test_pooling_keeps_a_question_that_only_one_seed_evaluated(runs):
@@ -178,8 +183,10 @@ def test_the_report_states_the_bonus_goal_and_the_budget(runs):
     report = render_report(rows, tests, title="HiPRAG vs Search-R1", settings={"GRPO steps": 2},
                            curves_file="curves.png")
     assert "| GRPO steps | 2 |" in report
-    assert "hiprag: the process bonus fired in 25.0% of training rollouts (goal ≥ 10%: goal met)" in report
+    assert ("hiprag: the process bonus fired in 25.0% of training rollouts (goal ≥ 10%: goal met); it changed the "
+            "GRPO advantages of 25.0% of training groups.") in report
     assert "search_r1: the process bonus fired in 6.2% of training rollouts (goal ≥ 10%: goal NOT met" in report
+    assert "of 0.0% of training groups — so the two rewards made the same updates." in report
     assert "Budget: detecting the observed Δ CEM of +0.333" in report
     assert "![training curves](curves.png)" in report
     assert report.count("| hiprag |") == 3 and report.count("| search_r1 |") == 3
@@ -188,8 +195,9 @@ def test_the_report_states_the_bonus_goal_and_the_budget(runs):
 
 def test_the_curves_figure_has_a_line_per_arm_and_seed(runs):
     figure = curves_figure(runs)
-    reward_axes, bonus_axes = figure.axes
+    reward_axes, bonus_axes, shaped_axes = figure.axes
     assert len(reward_axes.lines) == 4
     assert len(bonus_axes.lines) == 5  # four runs and the 10% goal line
+    assert len(shaped_axes.lines) == 4
     assert [text.get_text() for text in reward_axes.get_legend().get_texts()] == [
         "hiprag seed 0", "hiprag seed 1", "search_r1 seed 0", "search_r1 seed 1"]

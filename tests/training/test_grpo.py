@@ -23,6 +23,8 @@ from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.retrieval.bm25 import BM25Retriever
 from prorag.retrieval.store import PassageStore
+from prorag.rewards import hierarchical_reward
+from prorag.rewards.hiprag import OptimalCount
 from prorag.serving import create_app, serve_in_thread
 from prorag.specs import AgentSpec
 from prorag.tracking.callbacks import MlflowStepMetrics
@@ -32,7 +34,9 @@ from prorag.training.grpo import (
     AgentRolloutFunction,
     PolicyServer,
     build_grpo_trainer,
+    grpo_advantages,
     grpo_dataset,
+    process_shaped_groups,
     train_grpo_lora,
 )
 from prorag.training.process_rewards import RewardSettings, RolloutScorer, ScoredBatch, batch_stats
@@ -182,7 +186,8 @@ def test_training_logs_agent_metrics_to_mlflow_and_saves_the_adapter(questions, 
     steps = [entry for entry in history if "loss" in entry]
     assert [entry["step"] for entry in steps] == [1, 2]
     for name in ("reward", "rewards/outcome/mean", "rewards/process/mean", "agent/format_rate", "agent/cem",
-                 "agent/retrieval_count", "agent/generated_tokens", "num_tokens"):
+                 "agent/retrieval_count", "agent/generated_tokens", "agent/bonus_fired", "agent/process_shaped",
+                 "num_tokens"):
         assert name in steps[0], name
     client = mlflow.tracking.MlflowClient()
     curve = client.get_metric_history(run.info.run_id, "rl.agent/format_rate")
@@ -328,3 +333,51 @@ def test_full_parameter_training_from_the_instruct_model_saves_a_loadable_model(
     changed = [not torch.equal(a, b) for a, b in zip(trained.model.parameters(), base.model.parameters(), strict=True)]
     assert any(changed)  # weights outside any adapter moved (learning rate 1e-3, one step)
     assert [entry["step"] for entry in history if "loss" in entry] == [1]
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
+def test_grpo_advantages_are_trls(scale_rewards):
+    rewards = torch.tensor([1.4, 0.2, 0.2, 0.0, 1.0, 1.0, 0.2, 0.2])
+    grouped = rewards.view(-1, 4)
+    centred = (grouped - grouped.mean(dim=1, keepdim=True)).flatten()
+    spread = {"group": grouped.std(dim=1).repeat_interleave(4), "batch": rewards.std().expand(8),
+              "none": None}[scale_rewards]
+    expected = centred if spread is None else centred / (spread + 1e-4)
+    assert grpo_advantages(rewards.tolist(), 4, scale_rewards) == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def _scored(rollouts: list[tuple[bool, bool, int, int]], lambda_p: float) -> ScoredBatch:
+    """A scored batch of (answer correct, format ok, steps, optimal steps) rollouts under eq. 1."""
+    rewards = [hierarchical_reward(a, f, n, k, 0.2, lambda_p) for a, f, n, k in rollouts]
+    optimal = [OptimalCount(k, n, n, 0, n - k, 0, 0, "both") for _, _, n, k in rollouts]
+    return ScoredBatch({"outcome": [r.outcome for r in rewards], "format": [r.format for r in rewards],
+                        "process": [r.process for r in rewards]}, [r.total for r in rewards], {}, None, optimal,
+                       [a and f and k > 0 for a, f, _, k in rollouts])
+
+
+RIGHT, WRONG, BROKEN = (True, True, 1, 1), (True, True, 1, 0), (False, False, 1, 0)
+AFFINE = [RIGHT, (False, True, 1, 1), (False, True, 2, 1), RIGHT]  # two reward levels: the term is affine in them
+UNEQUAL = [RIGHT, (True, True, 2, 1), (False, True, 1, 1), (False, True, 1, 1)]  # correct, N_corr/N 1 vs 1/2
+THREE_LEVELS = [RIGHT, (False, True, 1, 1), BROKEN, BROKEN]  # correct, wrong but well-formed, malformed
+
+
+@pytest.mark.parametrize("lambda_p", [0.4, 0.0])
+def test_process_shaped_counts_the_groups_whose_advantages_the_process_term_changes(lambda_p):
+    settings = RewardSettings(lambda_p=lambda_p)  # λp = 0 (Search-R1) reports what λp = 0.4 would change
+    batch = _scored(AFFINE + UNEQUAL + THREE_LEVELS + [WRONG] * 4, lambda_p)
+    assert process_shaped_groups(batch, settings, 4, "group") == (2.0, 4.0)
+    assert process_shaped_groups(batch, settings, 4, "none") == (3.0, 4.0)  # unscaled: AFFINE differs too
+    assert process_shaped_groups(_scored(AFFINE * 2, lambda_p), settings, 4, "group") == (0.0, 2.0)
+
+
+def test_process_shaped_leaves_out_unknown_gates_and_other_rewards():
+    settings = RewardSettings()
+    batch = _scored(UNEQUAL + THREE_LEVELS, 0.4)
+    batch.bonus_fired[1] = None  # a gate detection could not decide: that group is not counted
+    assert process_shaped_groups(batch, settings, 4, "group") == (1.0, 1.0)
+    assert process_shaped_groups(batch, settings, 4, "batch") == (0.0, 0.0)
+    assert process_shaped_groups(_scored(UNEQUAL, 0.4), settings, 3, "group") == (0.0, 0.0)  # not whole groups
+    no_detection = _scored(UNEQUAL, 0.4)
+    no_detection.bonus_fired = None
+    assert process_shaped_groups(no_detection, settings, 4, "group") is None
+    assert process_shaped_groups(_scored(UNEQUAL, 0.4), RewardSettings(method="multistage"), 4, "group") is None

@@ -8,8 +8,10 @@ training log) — becomes
 * a row per run and a row per arm pooled over seeds (:func:`comparison_rows`): CEM and retrievals per question
   with percentile-bootstrap intervals over questions, OSR, USR and the search ratio as ratios of sums (HiPRAG
   eq. 2) with intervals from the same bootstrap over questions, and the share of training rollouts whose process
-  bonus fired (``A·F·N_corr > 0``, the same gate whatever ``λp``). Pooling seeds takes each question's mean over
-  the seeds that evaluated it, so a question weighs the same however many seeds ran;
+  bonus fired (``A·F·N_corr > 0``, the same gate whatever ``λp``) and the share of training groups whose GRPO
+  advantages the process term changed (``process_shaped``: firing is necessary, not sufficient). Pooling seeds
+  takes each question's mean over the seeds that evaluated it, so a question weighs the same however many seeds
+  ran;
 * the paired difference between two arms on the questions both evaluated (:func:`paired_differences`: Δ with a
   bootstrap interval and a permutation p-value, :func:`prorag.metrics.compare.paired_test`) and the questions a
   paired test would need to call that Δ significant with 80% power (:func:`~prorag.metrics.compare.questions_needed`);
@@ -39,7 +41,8 @@ QUESTION_COLUMNS: Final = ("question_key", "dataset", "cem", "format_ok", "retri
                            "judge_unknown", "judge_checked")
 """Per question of one run: CEM, format and retrievals are means over the question's samples; the step and
 verdict columns are counts (the numerators and denominators of OSR, USR, the search ratio and the unknown rate)."""
-CURVE_KEYS: Final = {"reward": "reward", "bonus_fired": "agent/bonus_fired", "cem": "agent/cem"}
+CURVE_KEYS: Final = {"reward": "reward", "bonus_fired": "agent/bonus_fired",
+                     "process_shaped": "agent/process_shaped", "cem": "agent/cem"}
 """Curve column -> the RL training log's key (TRL's mean reward; the rollout function's agent statistics)."""
 RATIOS: Final = {"osr": ("over_search", "over_known"), "usr": ("under_search", "under_known"),
                  "search_ratio": ("search_steps", "all_steps"), "judge_unknown_rate": ("judge_unknown",
@@ -59,11 +62,15 @@ class RunResult:
     questions: pd.DataFrame
     """:data:`QUESTION_COLUMNS`, one row per evaluated question."""
     curve: pd.DataFrame
-    """``step`` and the :data:`CURVE_KEYS` columns, one row per training step."""
+    """``step`` and the :data:`CURVE_KEYS` columns, one row per training step (a missing column becomes NaN: a run
+    from before that statistic was logged)."""
     seconds: float = math.nan
     lambda_p: float = math.nan
     run_id: str = ""
     extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "curve", self.curve.reindex(columns=["step", *CURVE_KEYS]))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (NaN stays NaN: ``json`` writes it)."""
@@ -181,11 +188,15 @@ def figures(questions: pd.DataFrame, *, confidence: float = 0.95, resamples: int
 def training_figures(curves: Sequence[pd.DataFrame]) -> dict[str, float]:
     """From training curves: the share of all training rollouts whose process bonus fired (the mean of the
     per-step shares over every logged step: each step rolls out the same number of completions), the steps it is
-    over, and the first, last and mean training reward (mean over the curves for several runs)."""
+    over, the share of training groups whose advantages the process term changed (the mean per-step share, NaN
+    for logs from before it was logged), and the first, last and mean training reward (mean over the curves for
+    several runs)."""
     bonus = pd.concat([curve["bonus_fired"] for curve in curves], ignore_index=True).dropna() if curves else []
+    shaped = pd.concat([curve["process_shaped"] for curve in curves], ignore_index=True).dropna() if curves else []
     rewards = [curve["reward"].dropna() for curve in curves if curve["reward"].notna().any()]
     return {"bonus_fired": float(np.mean(bonus)) if len(bonus) else math.nan,
             "bonus_steps": float(len(bonus)),
+            "process_shaped": float(np.mean(shaped)) if len(shaped) else math.nan,
             "train_reward_first": float(np.mean([r.iloc[0] for r in rewards])) if rewards else math.nan,
             "train_reward_last": float(np.mean([r.iloc[-1] for r in rewards])) if rewards else math.nan,
             "train_reward_mean": float(np.mean(pd.concat(rewards))) if rewards else math.nan,
@@ -239,7 +250,7 @@ def paired_differences(runs: Sequence[RunResult], arm_a: str, arm_b: str, *, met
 
 
 TABLE_HEADER: Final = ("| arm | seed | λp | questions | CEM | retrievals | OSR (%) | USR (%) | search ratio (%) "
-                       "| format | bonus fired (train) | reward first → last | minutes |")
+                       "| format | bonus fired (train) | groups shaped (train) | reward first → last | minutes |")
 
 
 def table_lines(rows: pd.DataFrame) -> list[str]:
@@ -252,6 +263,7 @@ def table_lines(rows: pd.DataFrame) -> list[str]:
             f"{with_interval(row, 'osr', percent=True)} | {with_interval(row, 'usr', percent=True)} | "
             f"{with_interval(row, 'search_ratio', percent=True)} | {percent(row['format_rate'], digits=1)} | "
             f"{percent(row['bonus_fired'], digits=1)} ({int(row['bonus_steps'])} steps) | "
+            f"{percent(row['process_shaped'], digits=1)} | "
             f"{row['train_reward_first']:.3f} → {row['train_reward_last']:.3f} | {row['seconds'] / 60:.1f} |")
     return lines
 
@@ -269,8 +281,12 @@ def render_report(rows: pd.DataFrame, tests: pd.DataFrame, *, title: str, settin
         share = row["bonus_fired"]
         verdict = ("no step logged it (detection off?)" if missing(share)
                    else "goal met" if share >= BONUS_GOAL else "goal NOT met: the bonus rarely shaped the updates")
+        shaped = row["process_shaped"]
         lines.append(f"- {row['arm']}: the process bonus fired in {percent(share, digits=1)} of training rollouts "
-                     f"(goal ≥ {BONUS_GOAL:.0%}: {verdict}).")
+                     f"(goal ≥ {BONUS_GOAL:.0%}: {verdict})"
+                     + ("." if missing(shaped) else f"; it changed the GRPO advantages of {percent(shaped, digits=1)} "
+                        "of training groups" + (" — so the two rewards made the same updates." if shaped == 0
+                                                else ".")))
     lines += ["", "## Paired differences", ""]
     if tests.empty:
         lines.append("Only one arm ran: nothing to compare.")
@@ -297,13 +313,20 @@ def render_report(rows: pd.DataFrame, tests: pd.DataFrame, *, title: str, settin
               "and at least one optimal step —, the gate of eq. 1's process bonus, measured the same way in both "
               "arms (for λp = 0 it is how often the bonus *would* have fired). Below "
               f"{BONUS_GOAL:.0%} the two rewards barely differ during training, so equal results say little.",
+              "- **groups shaped (train)**: share of training groups (one question's generations) whose GRPO "
+              "advantages change when eq. 1's process term λp·A·F·N_corr/N is added (for λp = 0: HiPRAG's λp = 0.4 "
+              "term). Firing is not enough: when every correct rollout of a group has the same N_corr/N and the "
+              "others share one reward, the term is an affine map of the outcome + format reward within the group "
+              "and group normalization cancels it. At 0% both arms train identically, whatever the bonus rate. "
+              "'–': the runs predate this statistic.",
               "- **Δ**: paired difference on the questions both arms answered; **p**: two-sided paired permutation "
               "test; **questions for 80% power**: evaluation questions a paired test at 5% would need to call the "
               "observed Δ significant (normal approximation with the observed spread of per-question differences).",
               ""]
     if curves_file:
         lines += ["## Training curves", "", f"![training curves]({curves_file})", "",
-                  "Mean training reward and share of rollouts whose bonus fired, per step, one line per arm × seed.",
+                  "Mean training reward, share of rollouts whose bonus fired and share of groups whose advantages "
+                  "it changed, per step, one line per arm × seed.",
                   ""]
     return "\n".join(lines)
 
@@ -325,12 +348,14 @@ def _budget_sentence(tests: pd.DataFrame) -> str:
 
 
 def curves_figure(runs: Sequence[RunResult]) -> Figure:
-    """Training reward and the share of rollouts whose process bonus fired, per step, one line per arm × seed."""
-    figure = Figure(figsize=(11.0, 4.0), layout="constrained")
-    panels = (("reward", "mean training reward"), ("bonus_fired", "rollouts whose process bonus fired"))
+    """Training reward, the share of rollouts whose process bonus fired and the share of groups whose advantages
+    it changed, per step, one line per arm × seed."""
+    figure = Figure(figsize=(15.0, 4.0), layout="constrained")
+    panels = (("reward", "mean training reward"), ("bonus_fired", "rollouts whose process bonus fired"),
+              ("process_shaped", "groups whose advantages the bonus changed"))
     arms = list(dict.fromkeys(run.arm for run in runs))
     styles = ("-", "--", ":", "-.")
-    for axes, (column, label) in zip(figure.subplots(1, 2), panels, strict=True):
+    for axes, (column, label) in zip(figure.subplots(1, 3), panels, strict=True):
         for run in runs:
             curve = run.curve.dropna(subset=[column])
             color = f"C{arms.index(run.arm) % 10}"
@@ -339,9 +364,10 @@ def curves_figure(runs: Sequence[RunResult]) -> Figure:
         axes.set_xlabel("GRPO step")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_ylabel(label)
+        if column != "reward":
+            axes.set_ylim(0, 1)
         if column == "bonus_fired":
             axes.axhline(BONUS_GOAL, color="grey", linewidth=0.8, linestyle=":")
-            axes.set_ylim(0, 1)
         axes.legend(fontsize="small")
     figure.suptitle("Training curves per arm and seed")
     return figure

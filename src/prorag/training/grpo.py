@@ -14,7 +14,8 @@
 * :class:`ComponentReward` hands one component to TRL, which sums the components (each already weighted) and
   logs each one's mean and std.
 * :class:`AgentGRPOTrainer` adds the agent statistics (format rate, CEM, OSR, USR, search ratio, retrievals,
-  unknown-judge rate, tokens, ``bonus_fired``: the share of rollouts whose process bonus fired) to TRL's logged
+  unknown-judge rate, tokens, ``bonus_fired``: the share of rollouts whose process bonus fired, ``process_shaped``:
+  the share of groups whose advantages the process term changes, :func:`process_shaped_groups`) to TRL's logged
   metrics, summed over processes before the ratio is taken, and DAPO's dynamic sampling filter when
   ``drop_uniform_groups`` is set (TRL 1.16 has none): groups whose rewards are all equal are removed from the loss
   and its token normalizer, and ``dapo/dropped_group_fraction`` says how many. DAPO's refill (``refill_rounds``)
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
 import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.import_utils import is_vllm_available
@@ -48,7 +50,7 @@ from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_en
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.specs import AgentSpec, SamplingSpec
 from prorag.training.config import GRPOSettings
-from prorag.training.process_rewards import ScoredBatch, batch_stats
+from prorag.training.process_rewards import Ratio, RewardSettings, ScoredBatch, batch_stats
 from prorag.training.trl_private import GRPOTrainerHooks
 
 if TYPE_CHECKING:
@@ -147,7 +149,9 @@ class AgentRolloutFunction:
             if self.refill_rounds:
                 rollouts, scored = self._refill(questions, rollouts, scored, engine, generator, trainer, seed)
         if isinstance(trainer, AgentGRPOTrainer):
-            trainer.record_rollout_stats(scored.stats)
+            shaped = process_shaped_groups(scored, self.scorer.settings, int(trainer.num_generations),
+                                           str(trainer.scale_rewards))
+            trainer.record_rollout_stats({**scored.stats, **({"process_shaped": shaped} if shaped else {})})
             for name, value in self.last_refill.items():
                 trainer.log_metric(name, value)
         self.last_rollouts = rollouts
@@ -250,6 +254,51 @@ def uniform_groups(totals: Sequence[float], size: int) -> list[int]:
     """Indices of the consecutive groups of ``size`` rewards whose rewards are all equal (zero advantage)."""
     return [group for group in range(len(totals) // size)
             if max(totals[group * size:(group + 1) * size]) - min(totals[group * size:(group + 1) * size]) < 1e-8]
+
+
+def grpo_advantages(rewards: Sequence[float], size: int, scale_rewards: str) -> np.ndarray:
+    """TRL's GRPO advantages for consecutive groups of ``size``: reward minus its group mean, divided by the
+    group's (``group``) or the batch's (``batch``) standard deviation + 1e-4, or not divided (``none``)."""
+    values = np.asarray(rewards, dtype=np.float64)[: len(rewards) // size * size].reshape(-1, size)
+    centred = values - values.mean(axis=1, keepdims=True)
+    if scale_rewards == "none":
+        return centred.ravel()
+    spread = (values.std(axis=1, ddof=1, keepdims=True) if scale_rewards == "group"
+              else np.full((len(values), 1), values.std(ddof=1) if values.size > 1 else 0.0))
+    return (centred / (spread + 1e-4)).ravel()
+
+
+def process_shaped_groups(scored: ScoredBatch, settings: RewardSettings, size: int, scale_rewards: str,
+                          reference_lambda_p: float = 0.4, tolerance: float = 1e-3) -> Ratio | None:
+    """Groups whose GRPO advantages eq. 1's process term ``λp·A·F·N_corr/N`` changes, out of all groups.
+
+    "The bonus fired" is not enough for HiPRAG's reward to teach something Search-R1's does not: when every
+    correct rollout of a group has the same ``N_corr/N`` and the rest share one reward, the process term is an
+    affine map of the outcome + format reward within the group, and the group-normalized advantages are the
+    same (up to the 1e-4 in the denominator). This counts the groups where they differ by more than
+    ``tolerance``, comparing the reward with and without the term. A λp = 0 (Search-R1) run uses
+    ``reference_lambda_p`` (the paper's 0.4), so it reports what HiPRAG's term *would* have changed. None for
+    the multi-stage reward and when detection did not run; a group with a rollout whose gate is unknown is left
+    out, and so is a batch that is not whole groups (``(0, 0)``).
+    """
+    if settings.method == "multistage" or scored.bonus_fired is None:
+        return None
+    count = len(scored.totals)
+    if count % size or len(scored.bonus_fired) != count or len(scored.optimal) != count:
+        return 0.0, 0.0
+    terms = [float("nan") if fired is None or (fired and optimal is None)
+             else optimal.n_optimal / optimal.n_steps if fired and optimal is not None else 0.0
+             for fired, optimal in zip(scored.bonus_fired, scored.optimal, strict=True)]
+    lambda_p = settings.effective_lambda_p or reference_lambda_p
+    without = np.asarray(scored.totals) - np.asarray(scored.components.get("process", [0.0] * count))
+    with_term = without + lambda_p * np.asarray(terms)
+    known = ~np.isnan(with_term.reshape(-1, size)).any(axis=1)
+    difference = np.abs(grpo_advantages(with_term, size, scale_rewards)
+                        - grpo_advantages(without, size, scale_rewards)).reshape(-1, size)
+    if scale_rewards == "batch" and not known.all():  # one unknown term makes the batch's spread unknown
+        return 0.0, 0.0
+    shaped = (difference[known].max(axis=1) > tolerance).sum() if known.any() else 0
+    return float(shaped), float(known.sum())
 
 
 def _completion_arrays(rollout: Rollout) -> tuple[list[int], list[float], list[int]]:
