@@ -36,6 +36,11 @@ Preset ``--preset cpu_2h`` (issue 18, item 4: ≤ 2 h per arm on this 2-core CPU
   seeds fit in 2 h (the experiment ≲ 4 h). At 4 min per step use ``--steps 12``; if 2 h is meant per run, ``--steps
   32`` stays under ≈ 1.7 h at 180 s per step.
 * 30 evaluation questions (10 each of hotpotqa, musique, popqa: ``rollout.questions``), the same in every run.
+* ``--probe 4 8`` trains nothing: it samples groups from the SFT policy on ``--probe-questions`` RL questions as
+  GRPO's first step would (temperature, judges and reward from the config) and reports, per group size, CEM, how
+  often the bonus fires, how many groups are uniform (no gradient) and how many the process term changes
+  (``groups shaped``). Run it first: when no group is shaped, both arms make the same updates and the comparison
+  cannot tell the rewards apart, however often the bonus fires.
 * The goal to verify, not a measured figure: the bonus fires in ≥ 10% of training rollouts (the report says whether
   it did). If it does not, the SFT policy is too weak on these questions: train SFT longer first (``kedro run --env
   cpu_long --pipeline=train_sft``), or raise ``--generations`` so that a group holds a correct rollout more often.
@@ -48,11 +53,13 @@ import json
 import logging
 import math
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
 
 import mlflow
+import pandas as pd
 from kedro.framework.session import KedroSession
 from kedro.framework.startup import bootstrap_project
 from rich.console import Console
@@ -189,6 +196,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rerun", action="store_true", help="run again even where a cached result matches")
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--name", default="rl_reward_comparison", help="report file stem in data/08_reporting")
+    parser.add_argument("--probe", type=int, nargs="+", metavar="G", default=None,
+                        help="no training: sample groups of each size G from the SFT policy on --probe-questions RL "
+                             "questions and report how often the bonus fires and changes the GRPO advantages")
+    parser.add_argument("--probe-questions", type=int, default=16)
     preset = parser.parse_known_args(argv)[0].preset
     if preset:
         parser.set_defaults(**PRESETS[preset])
@@ -228,9 +239,54 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
     bootstrap_project(ROOT)
     out = ROOT / "data" / "08_reporting" / args.name
+    if args.probe:
+        probe(args, plan(args)[0][2], out.parent / f"{args.name}_probe")
+        return
     runs = [cached_run(out.parent / f"{args.name}_runs" / f"{arm}_seed{seed}.json", arm, seed, overrides, args.env,
                        args.rerun) for arm, seed, overrides in plan(args)]
     report(runs, args, out)
+
+
+def probe(args: argparse.Namespace, overrides: dict[str, object], out: Path) -> None:
+    """``--probe``: what GRPO's first step would see with each group size (:func:`prorag.training.grpo.probe_groups`),
+    on ``--probe-questions`` RL questions drawn with the first seed; printed and written to ``<out>.csv``."""
+    from prorag.agent.runner import build_policy, build_retriever
+    from prorag.data import Question
+    from prorag.pipelines.rl.nodes import select_rl_questions
+    from prorag.pipelines.rl.params import RLParams
+    from prorag.specs import PolicySpec, RewardSpec, TrainedAgentSpec
+    from prorag.training.grpo import probe_groups
+    from prorag.training.process_rewards import build_scorer
+
+    with KedroSession.create(project_path=ROOT, env=args.env, runtime_params=nested(overrides)) as session:
+        context = session.load_context()
+        params, catalog = context.params, context.catalog
+        rl = RLParams.model_validate(params["rl"])
+        policy, agent = PolicySpec.model_validate(params["policy"]), TrainedAgentSpec.model_validate(params["agent"])
+        reward = RewardSpec.model_validate(params["reward"])
+        records = select_rl_questions(catalog.load("index_questions"), catalog.load("rollout_questions"), rl)
+        index, adapter = catalog.load("retrieval_index"), catalog.load("sft_adapter")
+    questions = [Question.from_dict(record) for record in records]
+    questions = random.Random(args.seeds[0]).sample(questions, min(args.probe_questions, len(questions)))
+    generator = build_policy(policy.with_trained(str(adapter)))
+    scorer = build_scorer(reward, index, judge_for_metrics=True)
+    started = time.perf_counter()
+    rows = pd.DataFrame(probe_groups(
+        questions, generator, build_retriever(rl.retriever, index), scorer, agent, group_sizes=args.probe,
+        top_k=rl.retriever.top_k, temperature=rl.trainer.temperature, top_p=rl.trainer.top_p, seed=args.seeds[0],
+        scale_rewards=rl.trainer.scale_rewards))
+    table = Table(title=f"Probe: {len(questions)} RL questions from {', '.join(args.sources or ['config'])}, "
+                        f"T = {rl.trainer.temperature}, {time.perf_counter() - started:.0f} s")
+    for column in ("group size", "rollouts", "CEM", "bonus fired %", "uniform groups %", "groups shaped %"):
+        table.add_column(column)
+    for row in rows.to_dict("records"):
+        table.add_row(str(int(row["group_size"])), str(int(row["rollouts"])), f"{row['cem']:.3f}",
+                      f"{100 * row['bonus_fired']:.1f}", f"{100 * row['uniform_groups']:.1f}",
+                      "–" if math.isnan(row["process_shaped"]) else f"{100 * row['process_shaped']:.1f}")
+    Console(width=max(Console().width, 120)).print(table)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(out.with_suffix(".csv"), index=False)
+    print(f"wrote {out.with_suffix('.csv')}")
 
 
 def report(runs: list[RunResult], args: argparse.Namespace, out: Path) -> None:

@@ -99,3 +99,11 @@ def test_the_report_writes_the_table_tests_markdown_and_curves(script, tmp_path)
     assert tests.loc[tests["metric"] == "cem", "difference"].item() == pytest.approx(0.375)
     assert "## Paired differences" in (tmp_path / "comparison.md").read_text()
     assert (tmp_path / "comparison_curves.png").stat().st_size > 0
+
+
+def test_the_probe_takes_group_sizes_and_uses_the_first_runs_settings(script):
+    args = script.parse_args(["--preset", "cpu_2h", "--probe", "4", "8", "--probe-questions", "12"])
+    assert args.probe == [4, 8] and args.probe_questions == 12
+    overrides = script.plan(args)[0][2]
+    assert overrides["rl.questions.sources"] == ["popqa", "hotpotqa"] and overrides["rl.judge_for_metrics"] is True
+    assert script.parse_args([]).probe is None

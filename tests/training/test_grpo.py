@@ -36,6 +36,7 @@ from prorag.training.grpo import (
     build_grpo_trainer,
     grpo_advantages,
     grpo_dataset,
+    probe_groups,
     process_shaped_groups,
     train_grpo_lora,
 )
@@ -381,3 +382,17 @@ def test_process_shaped_leaves_out_unknown_gates_and_other_rewards():
     no_detection.bonus_fired = None
     assert process_shaped_groups(no_detection, settings, 4, "group") is None
     assert process_shaped_groups(_scored(UNEQUAL, 0.4), RewardSettings(method="multistage"), 4, "group") is None
+
+
+def test_probe_groups_samples_the_largest_group_once_and_reports_each_size(questions, retriever, one_torch_thread):
+    judge = ReferenceJudge(retriever)
+    scorer = RolloutScorer(RewardSettings(), judge, judge)
+    generator = TransformersGenerator(BUNDLED_TINY_LLAMA, batch_size=8)
+    rows = probe_groups(questions[:2], generator, retriever, scorer, AGENT, group_sizes=[4, 2], temperature=1.0)
+    assert [row["group_size"] for row in rows] == [2.0, 4.0]
+    assert [row["rollouts"] for row in rows] == [4.0, 8.0] and all(row["groups"] == 2.0 for row in rows)
+    for row in rows:
+        assert 0.0 <= row["cem"] <= 1.0 and 0.0 <= row["uniform_groups"] <= 1.0
+        assert 0.0 <= row["bonus_fired"] <= 1.0 and 0.0 <= row["process_shaped"] <= 1.0
+    with pytest.raises(ValueError, match="group sizes must be >= 2"):
+        probe_groups(questions[:1], generator, retriever, scorer, AGENT, group_sizes=[1])
