@@ -199,5 +199,7 @@ def test_the_curves_figure_has_a_line_per_arm_and_seed(runs):
     assert len(reward_axes.lines) == 4
     assert len(bonus_axes.lines) == 5  # four runs and the 10% goal line
     assert len(shaped_axes.lines) == 4
+    old_runs = [RunResult(run.arm, run.seed, run.questions, run.curve.drop(columns="process_shaped")) for run in runs]
+    assert len(curves_figure(old_runs).axes[2].lines) == 0  # runs from before the statistic: an empty panel, said
     assert [text.get_text() for text in reward_axes.get_legend().get_texts()] == [
         "hiprag seed 0", "hiprag seed 1", "search_r1 seed 0", "search_r1 seed 1"]

@@ -356,6 +356,12 @@ def curves_figure(runs: Sequence[RunResult]) -> Figure:
     arms = list(dict.fromkeys(run.arm for run in runs))
     styles = ("-", "--", ":", "-.")
     for axes, (column, label) in zip(figure.subplots(1, 3), panels, strict=True):
+        axes.set_ylabel(label)
+        if not any(run.curve[column].notna().any() for run in runs):
+            axes.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=axes.transAxes)
+            axes.set_xticks([])
+            axes.set_yticks([])
+            continue
         for run in runs:
             curve = run.curve.dropna(subset=[column])
             color = f"C{arms.index(run.arm) % 10}"
@@ -363,7 +369,6 @@ def curves_figure(runs: Sequence[RunResult]) -> Figure:
                       label=f"{run.arm} seed {run.seed}")
         axes.set_xlabel("GRPO step")
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axes.set_ylabel(label)
         if column != "reward":
             axes.set_ylim(0, 1)
         if column == "bonus_fired":
