@@ -17,6 +17,7 @@ from prorag.retrieval.embedder import load_embedder
 from prorag.retrieval.store import PassageStore
 from prorag.rewards import count_optimal
 from prorag.testing import ScriptedModel
+from prorag.training.grpo import process_shaped_groups
 from prorag.training.process_rewards import RewardSettings, RolloutScorer, batch_stats
 
 PASSAGES = [
@@ -163,6 +164,11 @@ def test_bonus_fired_is_the_eq1_gate_in_both_arms_whatever_lambda_p(policy, judg
         assert scored.stats["bonus_fired"] == (float(sum(fired)), 4.0)
     assert [process > 0 for process in hiprag.components["process"]] == fired  # λp = 0.4 pays where it fires
     assert search_r1.components["process"] == [0.0] * 4  # λp = 0: it would have fired, nothing paid
+    shaped = process_shaped_groups(hiprag, RewardSettings(method="hiprag"), 4, "group")
+    assert shaped == (float(any(fired)), 1.0)  # correct, malformed, wrong but well-formed: three reward levels
+    # λp = 0 scores no N_corr; the statistic counts it from the verdicts and reports what λp = 0.4 would change
+    assert process_shaped_groups(search_r1, RewardSettings(method="search_r1", judge_for_metrics=True), 4,
+                                 "group") == shaped
     plain = RolloutScorer(RewardSettings(method="search_r1")).score(batch, policy)
     assert plain.bonus_fired is None and "bonus_fired" not in plain.stats  # no detection, no gate to measure
 

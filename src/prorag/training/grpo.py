@@ -49,6 +49,7 @@ from prorag.llm.generation import Generator
 from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.metrics.qa import cover_exact_match
+from prorag.rewards import count_optimal
 from prorag.specs import AgentSpec, SamplingSpec
 from prorag.training.config import GRPOSettings
 from prorag.training.process_rewards import Ratio, RewardSettings, ScoredBatch, batch_stats
@@ -287,9 +288,13 @@ def process_shaped_groups(scored: ScoredBatch, settings: RewardSettings, size: i
     count = len(scored.totals)
     if count % size or len(scored.bonus_fired) != count or len(scored.optimal) != count:
         return 0.0, 0.0
+    counts = list(scored.optimal)
+    if scored.verdicts is not None and len(scored.verdicts) == count:  # λp = 0 scores no N_corr: count it here
+        counts = [optimal if optimal is not None or not fired else count_optimal(verdicts, settings.detection_mode)
+                  for optimal, fired, verdicts in zip(counts, scored.bonus_fired, scored.verdicts, strict=True)]
     terms = [float("nan") if fired is None or (fired and optimal is None)
              else optimal.n_optimal / optimal.n_steps if fired and optimal is not None else 0.0
-             for fired, optimal in zip(scored.bonus_fired, scored.optimal, strict=True)]
+             for fired, optimal in zip(scored.bonus_fired, counts, strict=True)]
     lambda_p = settings.effective_lambda_p or reference_lambda_p
     without = np.asarray(scored.totals) - np.asarray(scored.components.get("process", [0.0] * count))
     with_term = without + lambda_p * np.asarray(terms)
