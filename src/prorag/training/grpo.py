@@ -330,7 +330,8 @@ def probe_groups(questions: Sequence[Question], generator: Generator, retriever:
     for size in sizes:
         keep = [index for index in range(len(rollouts)) if index % largest < size]
         subset = ScoredBatch({name: [values[i] for i in keep] for name, values in scored.components.items()},
-                             [scored.totals[i] for i in keep], {}, None,
+                             [scored.totals[i] for i in keep], {},
+                             [scored.verdicts[i] for i in keep] if scored.verdicts is not None else None,
                              [scored.optimal[i] for i in keep] if len(scored.optimal) == len(rollouts) else [],
                              [scored.bonus_fired[i] for i in keep] if scored.bonus_fired is not None else None)
         shaped = process_shaped_groups(subset, scorer.settings, size, scale_rewards)
