@@ -83,7 +83,7 @@ class RunResult:
         """Inverse of :meth:`to_dict`."""
         return cls(arm=str(raw["arm"]), seed=int(raw["seed"]),
                    questions=pd.DataFrame(raw["questions"], columns=list(QUESTION_COLUMNS)),
-                   curve=pd.DataFrame(raw["curve"], columns=["step", *CURVE_KEYS]),
+                   curve=pd.DataFrame(raw["curve"]),  # columns completed by __post_init__
                    seconds=float(raw.get("seconds", math.nan)), lambda_p=float(raw.get("lambda_p", math.nan)),
                    run_id=str(raw.get("run_id", "")), extras=dict(raw.get("extras") or {}))
 

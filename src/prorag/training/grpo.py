@@ -299,10 +299,10 @@ def process_shaped_groups(scored: ScoredBatch, settings: RewardSettings, size: i
     without = np.asarray(scored.totals) - np.asarray(scored.components.get("process", [0.0] * count))
     with_term = without + lambda_p * np.asarray(terms)
     known = ~np.isnan(with_term.reshape(-1, size)).any(axis=1)
-    difference = np.abs(grpo_advantages(with_term, size, scale_rewards)
-                        - grpo_advantages(without, size, scale_rewards)).reshape(-1, size)
     if scale_rewards == "batch" and not known.all():  # one unknown term makes the batch's spread unknown
         return 0.0, 0.0
+    difference = np.abs(grpo_advantages(with_term, size, scale_rewards)
+                        - grpo_advantages(without, size, scale_rewards)).reshape(-1, size)
     shaped = (difference[known].max(axis=1) > tolerance).sum() if known.any() else 0
     return float(shaped), float(known.sum())
 
