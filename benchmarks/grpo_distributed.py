@@ -1,7 +1,7 @@
 """GRPO over the rollout engine in one process or data-parallel under ``accelerate launch`` (2 CPU processes, gloo).
 
 The RL pipeline's training at toy size (a fresh LoRA instead of the SFT adapter):
-:func:`prorag.training.grpo.train_grpo_lora` with the HiPRAG reward (reference judges) on 4 HotpotQA questions,
+:func:`prorag.training.trl_grpo.train_grpo_lora` with the HiPRAG reward (reference judges) on 4 HotpotQA questions,
 BM25 over 50 passages and the tiny random Llama (``bundled:tiny-random-llama``), ``--steps`` optimizer steps,
 ``--batch-size`` completions per process and step, ``--generations`` completions per question. Every process
 rolls out its own share of the generation batch with the engine; DDP averages the LoRA gradients and the agent

@@ -18,7 +18,7 @@ in-process transformers, greedy decoding). Every timed run starts from an empty 
   127.0.0.1, ``/v1/completions`` with a fixed short prompt and ``max_tokens`` through the ``openai`` client:
   16 concurrent clients vs 1, requests/s, ratio, the server's batching counters and its prefix-cache hit rate
   (``app.state.stats``); check: every reply equals the direct greedy generation;
-* **(d) GRPO step** (``--grpo``) — one TRL GRPO step of :func:`prorag.training.grpo.build_grpo_trainer` on
+* **(d) GRPO step** (``--grpo``) — one TRL GRPO step of :func:`prorag.training.trl_grpo.build_grpo_trainer` on
   ``--grpo-model`` (default SmolLM2-135M) with a fresh LoRA, 4 completions of one question (``make train``'s
   agent budgets: B=3, 96 tokens per turn, 288 in all, temperature 0.8; HiPRAG reward with the reference
   judges), wall time of the step (rollouts, re-asks, loss, backward) with KV reuse vs re-prefill; check: the
@@ -259,10 +259,11 @@ def grpo_section(questions: list[Question], retriever: Any, args: argparse.Names
 
     from prorag.judges import ReferenceJudge
     from prorag.llm.registry import load_causal_lm
+    from prorag.rewards.registry import build_reward
+    from prorag.rewards.scoring import RolloutScorer
     from prorag.specs import AgentSpec
     from prorag.training import grpo
     from prorag.training.config import GRPOSettings
-    from prorag.training.process_rewards import RewardSettings, RolloutScorer
 
     class StepClock(TrainerCallback):
         def __init__(self) -> None:
@@ -300,7 +301,9 @@ def grpo_section(questions: list[Question], retriever: Any, args: argparse.Names
         grpo.TransformersGenerator = partial(original, prefix_cache_mb=megabytes)  # what policy_generator builds
         before = PROCESS_GENERATION_STATS.snapshot()
         try:
-            function = TimedRolloutFunction(question, retriever, RolloutScorer(RewardSettings(), judge, judge),
+            function = TimedRolloutFunction(question, retriever,
+                                            RolloutScorer(build_reward({"kind": "hiprag"}), over_judge=judge,
+                                                          under_judge=judge),
                                                  agent, temperature=0.8, seed=0, batch_size=8)
             clock = StepClock()
             with tempfile.TemporaryDirectory() as folder:

@@ -34,13 +34,20 @@ from prorag.protocol.registry import get_protocol
 from prorag.retrieval.bm25 import BM25Retriever
 from prorag.retrieval.corpus import deduplicate_passages
 from prorag.retrieval.store import PassageStore
+from prorag.rewards.registry import build_reward
+from prorag.rewards.scoring import RolloutScorer
 from prorag.training import build_sft_example, synthesize_trajectories
-from prorag.training.process_rewards import RewardSettings, RolloutScorer
 
 RAW = Path(__file__).resolve().parents[1] / "data" / "01_raw"
 TINY = "bundled:tiny-random-llama"
 SOURCES = ("hotpotqa", "musique", "musique_train")
-REWARD_METHODS = ("hiprag", "search_r1", "over_only", "under_only", "multistage")
+REWARDS = {  # the fingerprint's reward names, as before the reward registry, and their reward entries
+    "hiprag": {"kind": "hiprag", "lambda_f": 0.2, "lambda_p": 0.4},
+    "search_r1": {"kind": "search_r1", "lambda_f": 0.2},
+    "over_only": {"kind": "hiprag", "lambda_f": 0.2, "lambda_p": 0.4, "check": "over_only"},
+    "under_only": {"kind": "hiprag", "lambda_f": 0.2, "lambda_p": 0.4, "check": "under_only"},
+    "multistage": {"kind": "multistage"},
+}
 
 
 def byte_embedding(texts: list[str]) -> np.ndarray:
@@ -91,12 +98,12 @@ def fingerprint() -> dict[str, Any]:
     gold = [gold_rollout(template, item.completion, item.question, item.answer, item.question_key, item.queries)
             for item in trajectories]
     judge = ReferenceJudge(retriever, f1_threshold=0.8, top_k=5, grounding_threshold=0.6)
-    for method in REWARD_METHODS:
-        settings = RewardSettings(method=method, lambda_f=0.2, lambda_p=0.4, reask_max_new_tokens=16,
-                                  judge_for_metrics=True)
+    for method, entry in REWARDS.items():
+        reward = build_reward({**entry, "reask_max_new_tokens": 16})
         batch = (rollouts["multistage/True"] if method == "multistage"
                  else rollouts["hiprag/True"] + gold + rollouts["hiprag/False"])
-        scored = RolloutScorer(settings, judge, judge, embed=byte_embedding).score(batch, generator, step=1)
+        scored = RolloutScorer(reward, over_judge=judge, under_judge=judge, embed=byte_embedding,
+                               judge_for_metrics=True).score(batch, generator, step=1)
         out[f"rewards/{method}"] = {"components": scored.components, "totals": scored.totals,
                                     "stats": {name: list(value) for name, value in scored.stats.items()},
                                     "verdicts": [verdict.to_dict() for verdict in scored.verdicts or []]}

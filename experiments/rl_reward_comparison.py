@@ -248,28 +248,28 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def probe(args: argparse.Namespace, overrides: dict[str, object], out: Path) -> None:
-    """``--probe``: what GRPO's first step would see with each group size (:func:`prorag.training.grpo.probe_groups`),
+    """``--probe``: what GRPO's first step would see with each group size (:func:`prorag.training.probe.probe_groups`),
     on ``--probe-questions`` RL questions drawn with the first seed; printed and written to ``<out>.csv``."""
-    from prorag.agent.runner import build_policy, build_retriever
+    from prorag.assembly import build_policy, build_retriever, build_scorer
     from prorag.data import Question
     from prorag.pipelines.rl.nodes import select_rl_questions
     from prorag.pipelines.rl.params import RLParams
-    from prorag.specs import PolicySpec, RewardSpec, TrainedAgentSpec
-    from prorag.training.grpo import probe_groups
-    from prorag.training.process_rewards import build_scorer
+    from prorag.rewards.base import RewardSettings
+    from prorag.specs import PolicySpec, TrainedAgentSpec
+    from prorag.training.probe import probe_groups
 
     with KedroSession.create(project_path=ROOT, env=args.env, runtime_params=nested(overrides)) as session:
         context = session.load_context()
         params, catalog = context.params, context.catalog
         rl = RLParams.model_validate(params["rl"])
         policy, agent = PolicySpec.model_validate(params["policy"]), TrainedAgentSpec.model_validate(params["agent"])
-        reward = RewardSpec.model_validate(params["reward"])
+        reward = RewardSettings.model_validate(params["reward"])
         records = select_rl_questions(catalog.load("index_questions"), catalog.load("rollout_questions"), rl)
         index, adapter = catalog.load("retrieval_index"), catalog.load("sft_adapter")
     questions = [Question.from_dict(record) for record in records]
     questions = random.Random(args.seeds[0]).sample(questions, min(args.probe_questions, len(questions)))
     generator = build_policy(policy.with_trained(str(adapter)))
-    scorer = build_scorer(reward, index, judge_for_metrics=True)
+    scorer = build_scorer(reward, index, judge_for_metrics=True, questions=questions)
     started = time.perf_counter()
     rows = pd.DataFrame(probe_groups(
         questions, generator, build_retriever(rl.retriever, index), scorer, agent, group_sizes=args.probe,

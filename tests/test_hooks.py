@@ -85,4 +85,4 @@ def test_a_mistyped_key_read_by_a_typed_node_gets_the_suggestion_before_kedro_s_
     with (KedroSession.create(project_path=project_copy, runtime_params={"reward": {"lambda_pp": 0.1}}) as session,
           pytest.raises(ParameterError, match=r"unknown parameter key 'reward\.lambda_pp'; did you mean "
                                               r"'reward\.lambda_p'\?")):
-        session.run(pipeline_names=["train_rl"])  # rl.train_rl's RewardSpec annotation: Kedro validates it too
+        session.run(pipeline_names=["train_rl"])  # rl.train_rl's RewardSettings annotation: Kedro validates it too

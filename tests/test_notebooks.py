@@ -19,9 +19,10 @@ from jupyter_client.manager import KernelManager
 from kedro.io import AbstractDataset
 from nbclient import NotebookClient
 
-from prorag.agent import Rollout, build_policy, record_policy
+from prorag.agent import Rollout, record_policy
 from prorag.agent.baselines import DirectAnswer
 from prorag.agent.trajectory import Segment
+from prorag.assembly import build_policy
 from prorag.data import load_corpus, load_questions
 from prorag.llm.generation import render_chat
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
@@ -30,7 +31,8 @@ from prorag.pipelines.reward_judging.nodes import judge_trajectories
 from prorag.pipelines.reward_judging.params import RewardJudgingParams
 from prorag.protocol.registry import get_protocol
 from prorag.retrieval import build_retrieval_index
-from prorag.specs import PolicySpec, RewardSpec
+from prorag.rewards.hiprag import HiPRAGSettings
+from prorag.specs import PolicySpec
 from prorag.tracking.mlflow_utils import metric_series
 from prorag.tracking.run_manifest import RunManifest, RunManifests
 from prorag.training.synthesis import synthesize_trajectories
@@ -92,7 +94,8 @@ def _make_runs(root: Path) -> None:
     rollouts = [*DirectAnswer(generator, max_new_tokens=8).run(questions),
                 *_agent_rollouts(questions, index, generator.tokenizer)]
     records = [rollout.to_dict() for rollout in record_policy(rollouts, policy)]
-    verdicts, rewards, judge_metrics = judge_trajectories(records, index, RewardJudgingParams(), RewardSpec(), policy)
+    verdicts, rewards, judge_metrics = judge_trajectories(records, index, RewardJudgingParams(), HiPRAGSettings(),
+                                                          policy)
     table, evaluation_metrics = evaluate_trajectories(records)
     runs = {COMPLETED_RUN: {"trajectories": records, "evaluation_table": table},
             JUDGE_RUN: {"step_verdicts": verdicts, "trajectory_rewards": rewards}}

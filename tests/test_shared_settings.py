@@ -8,7 +8,7 @@ import pytest
 from kedro.config import OmegaConfigLoader
 from pydantic import BaseModel
 
-from prorag.config import validate_parameters
+from prorag.config import ParameterError, validate_parameters
 from prorag.pipeline_registry import register_pipelines
 from prorag.pipelines.parameter_schemas import PARAMETER_SCHEMAS, all_parameter_schemas
 from prorag.settings import CONFIG_LOADER_ARGS
@@ -58,10 +58,23 @@ def test_the_gpu_policy_server_serves_the_shared_model():
 
 def test_an_override_of_the_reward_reaches_training_and_judging_alike():
     loader = OmegaConfigLoader(str(CONF), base_env="base", default_run_env="local",
-                               runtime_params={"reward": {"method": "search_r1", "lambda_p": 0.0}})
+                               runtime_params={"reward": {"kind": "hiprag", "lambda_p": 0.0}})
     parsed = validate_parameters(loader["parameters"], all_parameter_schemas())
     reward = parsed["reward"]
-    assert (reward.method, reward.lambda_p) == ("search_r1", 0.0)
+    assert (reward.kind, reward.lambda_p) == ("hiprag", 0.0)
+
+
+def test_a_reward_kind_layered_over_another_keeps_only_its_own_settings(caplog):
+    """A runtime ``reward: {kind: search_r1}`` merged over conf/base's hiprag entry: λp (hiprag's) is left out with
+    a warning naming it, λf stays; an unknown key of no reward is still an error."""
+    loader = OmegaConfigLoader(str(CONF), **CONFIG_LOADER_ARGS, runtime_params={"reward": {"kind": "search_r1"}})
+    with caplog.at_level("WARNING"):
+        reward = validate_parameters(loader["parameters"], all_parameter_schemas())["reward"]
+    assert (reward.kind, reward.lambda_f) == ("search_r1", 0.2) and not hasattr(reward, "lambda_p")
+    assert "reward 'search_r1' takes no lambda_p" in caplog.text
+    typo = OmegaConfigLoader(str(CONF), **CONFIG_LOADER_ARGS, runtime_params={"reward": {"lambda_pp": 0.1}})
+    with pytest.raises(ParameterError, match=r"unknown parameter key 'reward\.lambda_pp'; did you mean"):
+        validate_parameters(typo["parameters"], all_parameter_schemas())
 
 
 def _runtime_params(config: Path) -> dict:
@@ -80,7 +93,7 @@ def test_the_multistage_paper_preset_validates_over_the_gpu_env():
         ("dapo", 32, 500, 1e-6)
     assert (trainer.epsilon, trainer.epsilon_high, trainer.beta, trainer.drop_uniform_groups) == (0.2, 0.28, 0.0, True)
     assert trainer.refill_rounds > 0 and parsed["rl"].retriever.top_k == 5
-    assert (parsed["reward"].method, parsed["agent"].protocol, parsed["agent"].step_budget) == \
+    assert (parsed["reward"].kind, parsed["agent"].protocol, parsed["agent"].step_budget) == \
         ("multistage", "multistage", 5)
     assert parsed["reward"].answer_judge.kind == "llm" and parsed["reward"].stage_switch_step > 0
     assert parsed["policy"].model == "Qwen/Qwen2.5-7B-Instruct"  # conf/gpu kept where the preset is silent

@@ -9,7 +9,9 @@ from prorag.pipelines.rl.params import RLParams
 from prorag.pipelines.rollout.params import RolloutParams
 from prorag.protocol.registry import register_protocol, unregister_protocol
 from prorag.protocol.search_r1 import SearchR1Adapter
-from prorag.specs import AgentSpec, JudgeSpec, PolicySpec, RetrieverSpec, RewardSpec, SamplingSpec
+from prorag.rewards.hiprag import HiPRAGSettings
+from prorag.rewards.multistage import MultistageSettings
+from prorag.specs import AgentSpec, JudgeSpec, PolicySpec, RetrieverSpec, SamplingSpec
 from prorag.training.config import GRPOSettings, SFTSettings
 
 
@@ -21,8 +23,8 @@ from prorag.training.config import GRPOSettings, SFTSettings
     (PolicySpec, {"batch_size": 2.0}, "batch_size"),      # a float is not an int
     (JudgeSpec, {"max_retries": -1}, "max_retries"),
     (JudgeSpec, {"temperature": -0.5}, "temperature"),
-    (RewardSpec, {"lambda_f": 1.5}, "lambda_f"),
-    (RewardSpec, {"stage_switch_step": False}, "stage_switch_step"),
+    (HiPRAGSettings, {"lambda_f": 1.5}, "lambda_f"),
+    (MultistageSettings, {"stage_switch_step": False}, "stage_switch_step"),
     (AgentSpec, {"few_shot": 1}, "few_shot"),             # an int is not a bool
     (AgentSpec, {"step_budget": 0}, "step_budget"),
     (SamplingSpec, {"top_p": 0.0}, "top_p"),
@@ -38,7 +40,7 @@ def test_bad_values_are_rejected_naming_the_field(spec, values, field):
 
 
 def test_floats_accept_ints_and_nested_blocks_accept_mappings():
-    assert RewardSpec(lambda_p=1).lambda_p == 1.0  # an int is a valid float (YAML writes 1 for 1.0)
+    assert HiPRAGSettings(lambda_p=1).lambda_p == 1.0  # an int is a valid float (YAML writes 1 for 1.0)
     params = RLParams(retriever={"kind": "bm25", "top_k": 5}, trainer={"learning_rate": 1.0e-5})
     assert params.retriever.top_k == 5 and params.trainer.learning_rate == 1.0e-5
     with pytest.raises(ValidationError, match=r"samples"):

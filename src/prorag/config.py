@@ -45,11 +45,18 @@ def register_parameters(namespace: str) -> Callable[[type[ModelT]], type[ModelT]
 
 
 def parse_parameters(schema: type[ModelT], values: Mapping[str, Any] | None, namespace: str) -> ModelT:
-    """Validate one namespace; errors name keys as ``namespace.key.subkey``."""
+    """Validate one namespace; errors name keys as ``namespace.key.subkey``.
+
+    A polymorphic schema (one with a ``schema_for(values)`` classmethod, such as the reward settings, whose ``kind``
+    picks the class) is validated, and its errors described, by the class the values name."""
     try:
-        return schema.model_validate(dict(values or {}))
+        concrete = schema.schema_for(values or {}) if hasattr(schema, "schema_for") else schema
+    except ValueError as error:
+        raise ParameterError(f"parameter {namespace!r}: {error}") from None
+    try:
+        return concrete.model_validate(dict(values or {}))
     except ValidationError as error:
-        raise ParameterError(_describe(error, namespace, schema)) from None
+        raise ParameterError(_describe(error, namespace, concrete)) from None
 
 
 def validate_parameters(parameters: Mapping[str, Any],

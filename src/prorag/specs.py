@@ -3,8 +3,8 @@
 * :class:`PolicySpec` — the policy model and where it runs (top-level ``policy`` parameters);
 * :class:`RetrieverSpec` — which retriever over the index (or a retrieval server), and how many passages;
 * :class:`JudgeSpec` — one over- or under-search judge;
-* :class:`RewardSpec` — the reward method and its coefficients, the judges and the re-ask budget (top-level
-  ``reward``: read by RL *and* by reward judging, so training and evaluation measure the same thing);
+* the reward entry (top-level ``reward``: read by RL *and* by reward judging, so training and evaluation measure
+  the same thing) is validated by its registered reward's own settings (:mod:`prorag.rewards.registry`);
 * :class:`AgentSpec` — the agent that SFT and RL train: protocol and budgets (top-level ``agent``: read by SFT,
   RL and the trained-policy rollouts);
 * :class:`MethodSpec` — one method evaluated side by side (a baseline or an agent); :class:`MethodSettings` is
@@ -28,7 +28,6 @@ from prorag.protocol.registry import protocol_names
 Dtype = Literal["float32", "bfloat16", "float16"]
 RetrieverKind = Literal["dense", "bm25", "hybrid", "kag", "kag_concat"]
 """Retrievers over a :class:`~prorag.retrieval.RetrievalIndex`; a new retriever adds its name here."""
-RewardMethod = Literal["hiprag", "search_r1", "over_only", "under_only", "multistage"]
 MethodKind = Literal["direct", "standard_rag", "agent"]
 PositiveInt = Annotated[int, Field(ge=1)]
 Seed = Annotated[int, Field(ge=0)]
@@ -89,31 +88,6 @@ class JudgeSpec(StrictModel):
     top_k: PositiveInt = 5
 
 
-class RewardSpec(StrictModel):
-    """The reward (HiPRAG eq. 1 and its ablations, or the multi-stage reward), its judges and re-ask budget."""
-
-    method: RewardMethod = "hiprag"
-    """hiprag | search_r1 (eq. 1 with λp = 0) | over_only | under_only (the paper's ablations) | multistage."""
-    lambda_f: float = Field(default=0.2, ge=0, le=1)
-    lambda_p: float = Field(default=0.4, ge=0)
-    beta: float = Field(default=0.3, ge=0)
-    """Multi-stage: the retrieval penalty of the stage-2 answer reward."""
-    stage_switch_step: int = Field(default=1, ge=0)
-    """Multi-stage: the first training step of stage 2 (eq. 11); steps before it use stage 1 (eq. 10). The paper
-    gives no switch point, so it is an explicit setting; 0 is stage 2 from the start — the paper's "w/o stage one"
-    ablation — and is logged as such. Evaluation judges with stage 2."""
-    answer_judge: JudgeSpec = JudgeSpec()
-    """Multi-stage: answer correctness. ``llm`` is the paper's LLM-as-a-judge (LasJ, its answer prompt);
-    ``reference`` is cover exact match, the embedded default's fallback. An unknown verdict counts as incorrect
-    (never rewarded) and shows as ``answer_unknown_rate``."""
-    reask_max_new_tokens: PositiveInt = 48
-    """Tokens the policy may write when a search step's query is re-asked alone (over-search detection, §3.2)."""
-    over_search_judge: JudgeSpec = JudgeSpec()
-    under_search_judge: JudgeSpec = JudgeSpec()
-    judge_retriever: RetrieverKind = "bm25"
-    """What the reference judge grounds non-search steps with."""
-
-
 class AgentSpec(StrictModel):
     """An agent: a protocol (by registered name) and its budgets."""
 
@@ -164,11 +138,3 @@ class SamplingSpec(StrictModel):
     temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: Seed = 0
-
-
-def check_reward_protocol(reward: RewardSpec, agent: AgentSpec) -> None:
-    """The multi-stage reward checks its own protocol's format: ``reward.method: multistage`` goes with
-    ``agent.protocol: multistage`` (and only with it)."""
-    if (reward.method == "multistage") != (agent.protocol == "multistage"):
-        raise ValueError(f"reward.method {reward.method!r} does not go with agent.protocol {agent.protocol!r}: "
-                         "the multistage reward goes with the multistage protocol (and only with it)")

@@ -18,7 +18,8 @@ from prorag.protocol.base import Boundary, ProtocolAdapter, StepDict, split_inse
 from prorag.protocol.markup import last_between
 from prorag.protocol.registry import protocol_names, register_protocol, unregister_protocol
 from prorag.retrieval import build_retrieval_index
-from prorag.specs import MethodSpec, PolicySpec, RewardSpec, SamplingSpec
+from prorag.rewards.hiprag import HiPRAGSettings
+from prorag.specs import MethodSpec, PolicySpec, SamplingSpec
 from prorag.training.sft import IGNORE_INDEX, build_sft_example
 
 QUESTION: Final = "Between Harvey Pekar and Denise Levertov who was born earlier?"
@@ -104,7 +105,7 @@ def test_a_registered_protocol_runs_end_to_end(toy_protocol, scripted, keyword_r
 
     index = build_retrieval_index(passages, "hashing:64", show_progress=False)
     records = [rollout.to_dict(), {**rollout.to_dict(), "protocol": "short_answer", "method": "direct"}]
-    verdicts, table, metrics = judge_trajectories(records, index, RewardJudgingParams(), RewardSpec(),
+    verdicts, table, metrics = judge_trajectories(records, index, RewardJudgingParams(), HiPRAGSettings(),
                                                   PolicySpec(model="bundled:tiny-random-llama", batch_size=2))
     assert metrics["skipped_trajectories"] == 1  # the baseline's record has no agent protocol
     assert list(table["method"]) == ["toy_agent"]

@@ -14,7 +14,7 @@ from prorag.llm.generation import SamplingParams
 from prorag.llm.openai_backend import MissingApiKeyError, OpenAICompatibleGenerator
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.serving import create_app, serve_in_thread
-from prorag.training.grpo import PolicyServer
+from prorag.training.trl_grpo import PolicyServer
 
 PLANTED = "sk-planted-openai-key-must-never-leave"
 NAMED = "PRORAG_TEST_NAMED_KEY"

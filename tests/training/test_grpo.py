@@ -24,25 +24,30 @@ from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.retrieval.bm25 import BM25Retriever
 from prorag.retrieval.store import PassageStore
 from prorag.rewards import hierarchical_reward
+from prorag.rewards.diagnostics import grpo_advantages, process_shaped_groups
 from prorag.rewards.hiprag import OptimalCount
+from prorag.rewards.registry import build_reward
+from prorag.rewards.scoring import RolloutScorer, ScoredBatch, batch_stats
 from prorag.serving import create_app, serve_in_thread
 from prorag.specs import AgentSpec
 from prorag.tracking.callbacks import MlflowStepMetrics
 from prorag.training.config import GRPOSettings
-from prorag.training.grpo import (
+from prorag.training.probe import probe_groups
+from prorag.training.trl_grpo import (
     COMPLETED_MARKER,
     AgentRolloutFunction,
     PolicyServer,
     build_grpo_trainer,
-    grpo_advantages,
     grpo_dataset,
-    probe_groups,
-    process_shaped_groups,
     train_grpo_lora,
 )
-from prorag.training.process_rewards import RewardSettings, RolloutScorer, ScoredBatch, batch_stats
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def hiprag_scorer(judge) -> RolloutScorer:
+    """The HiPRAG reward's scorer with ``judge`` for both detectors."""
+    return RolloutScorer(build_reward({"kind": "hiprag"}), over_judge=judge, under_judge=judge)
 RAW = ROOT / "data" / "01_raw"
 TINY_AGENT = {"step_budget": 1, "max_new_tokens_per_turn": 8, "max_total_new_tokens": 16, "few_shot": False}
 TINY_TRAINER = {"per_device_train_batch_size": 4, "num_generations": 2, "learning_rate": 1e-3}
@@ -63,8 +68,9 @@ SCRIPT = textwrap.dedent("""
     from prorag.retrieval.store import PassageStore
     from prorag.specs import AgentSpec
     from prorag.training.config import GRPOSettings
-    from prorag.training.grpo import AgentRolloutFunction, train_grpo_lora
-    from prorag.training.process_rewards import RewardSettings, RolloutScorer
+    from prorag.training.trl_grpo import AgentRolloutFunction, train_grpo_lora
+    from prorag.rewards.registry import build_reward
+    from prorag.rewards.scoring import RolloutScorer
 
     raw, out, kill_at = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 
@@ -82,7 +88,7 @@ SCRIPT = textwrap.dedent("""
     questions = load_questions(raw / "qa" / "hotpotqa.jsonl")[:4]
     retriever = BM25Retriever.build(PassageStore(passages))
     judge = ReferenceJudge(retriever)
-    scorer = RolloutScorer(RewardSettings(), judge, judge)
+    scorer = hiprag_scorer(judge)
     function = AgentRolloutFunction(questions, retriever, scorer, AgentSpec(**json.loads(sys.argv[4])), seed=0,
                                     batch_size=4)
     settings = GRPOSettings(max_steps=3, save_steps=1, save_total_limit=None, **json.loads(sys.argv[5]))
@@ -106,7 +112,7 @@ def retriever():
 @pytest.fixture(scope="module")
 def rollout_function(questions, retriever, one_torch_thread):
     judge = ReferenceJudge(retriever)
-    return AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), AGENT,
+    return AgentRolloutFunction(questions, retriever, hiprag_scorer(judge), AGENT,
                                 seed=0, batch_size=4)
 
 
@@ -151,7 +157,7 @@ def test_policy_server_rollouts_go_through_the_openai_api(questions, retriever, 
                                            max_tokens_limit=64))
     judge = ReferenceJudge(retriever)
     server = PolicyServer(url.removesuffix("/v1"), "policy", timeout=30.0)
-    function = AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), AGENT,
+    function = AgentRolloutFunction(questions, retriever, hiprag_scorer(judge), AGENT,
                                     seed=0, batch_size=4, policy_server=server)
     try:
         trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, rollout_function, tmp_path, _settings())
@@ -171,7 +177,7 @@ def test_policy_server_rollouts_go_through_the_openai_api(questions, retriever, 
 @pytest.mark.skipif(is_vllm_available(), reason="vllm is installed")
 def test_a_policy_server_without_vllm_is_refused_before_training(questions, retriever, tmp_path):
     judge = ReferenceJudge(retriever)
-    function = AgentRolloutFunction(questions, retriever, RolloutScorer(RewardSettings(), judge, judge), AGENT,
+    function = AgentRolloutFunction(questions, retriever, hiprag_scorer(judge), AGENT,
                                     batch_size=4, policy_server=PolicyServer("http://127.0.0.1:8001", "policy"))
     with pytest.raises(ImportError, match=r"http://127.0.0.1:8001.*needs vllm installed"):
         build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, function, tmp_path, _settings())
@@ -200,7 +206,7 @@ def test_the_multistage_stage_switch_shows_in_the_mlflow_step_metrics(questions,
                                                                       one_torch_thread):
     from prorag.retrieval.embedder import load_embedder
 
-    scorer = RolloutScorer(RewardSettings(method="multistage", stage_switch_step=2),
+    scorer = RolloutScorer(build_reward({"kind": "multistage", "stage_switch_step": 2}),
                            embed=load_embedder("hashing:64").encode_queries)
     function = AgentRolloutFunction(questions, retriever, scorer, AgentSpec(**TINY_AGENT, protocol="multistage"),
                                     seed=0, batch_size=4)
@@ -231,7 +237,8 @@ def test_dynamic_sampling_drops_groups_whose_rewards_are_equal(questions, rollou
 class KeyedScorer:
     """A scorer whose rewards vary within a group only for one question (the others' groups are uniform)."""
 
-    settings = RewardSettings(method="search_r1")
+    reward = build_reward({"kind": "search_r1"})
+    components = reward.components
 
     def __init__(self, varied_key: str | None) -> None:
         self.varied_key = varied_key  # None: every group varies
@@ -320,7 +327,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, one_torch_threa
 
 def test_full_parameter_training_from_the_instruct_model_saves_a_loadable_model(questions, retriever, tmp_path,
                                                                                  one_torch_thread):
-    from prorag.agent import build_policy
+    from prorag.assembly import build_policy
     from prorag.specs import PolicySpec
 
     function = AgentRolloutFunction(questions, retriever, KeyedScorer(None), AGENT, seed=0, batch_size=4)
@@ -364,7 +371,7 @@ THREE_LEVELS = [RIGHT, (False, True, 1, 1), BROKEN, BROKEN]  # correct, wrong bu
 
 @pytest.mark.parametrize("lambda_p", [0.4, 0.0])
 def test_process_shaped_counts_the_groups_whose_advantages_the_process_term_changes(lambda_p):
-    settings = RewardSettings(lambda_p=lambda_p)  # λp = 0 (Search-R1) reports what λp = 0.4 would change
+    settings = build_reward({"kind": "hiprag", "lambda_p": lambda_p})  # λp = 0 reports what λp = 0.4 would change
     batch = _scored(AFFINE + UNEQUAL + THREE_LEVELS + [WRONG] * 4, lambda_p)
     assert process_shaped_groups(batch, settings, 4, "group") == (2.0, 4.0)
     assert process_shaped_groups(batch, settings, 4, "none") == (3.0, 4.0)  # unscaled: AFFINE differs too
@@ -372,7 +379,7 @@ def test_process_shaped_counts_the_groups_whose_advantages_the_process_term_chan
 
 
 def test_process_shaped_leaves_out_unknown_gates_and_other_rewards():
-    settings = RewardSettings()
+    settings = build_reward({"kind": "hiprag"})
     batch = _scored(UNEQUAL + THREE_LEVELS, 0.4)
     batch.bonus_fired[1] = None  # a gate detection could not decide: that group is not counted
     assert process_shaped_groups(batch, settings, 4, "group") == (1.0, 1.0)
@@ -381,12 +388,13 @@ def test_process_shaped_leaves_out_unknown_gates_and_other_rewards():
     no_detection = _scored(UNEQUAL, 0.4)
     no_detection.bonus_fired = None
     assert process_shaped_groups(no_detection, settings, 4, "group") is None
-    assert process_shaped_groups(_scored(UNEQUAL, 0.4), RewardSettings(method="multistage"), 4, "group") is None
+    assert process_shaped_groups(_scored(UNEQUAL, 0.4), build_reward({"kind": "multistage"}), 4,
+                                 "group") is None
 
 
 def test_probe_groups_samples_the_largest_group_once_and_reports_each_size(questions, retriever, one_torch_thread):
     judge = ReferenceJudge(retriever)
-    scorer = RolloutScorer(RewardSettings(), judge, judge)
+    scorer = hiprag_scorer(judge)
     generator = TransformersGenerator(BUNDLED_TINY_LLAMA, batch_size=8)
     rows = probe_groups(questions[:2], generator, retriever, scorer, AGENT, group_sizes=[4, 2], temperature=1.0)
     assert [row["group_size"] for row in rows] == [2.0, 4.0]

@@ -86,7 +86,8 @@ def test_question_mix_and_golden_evidence() -> None:
     from pathlib import Path
 
     from prorag.data.records import load_questions
-    from prorag.training.ip_dpo import QuestionMix, golden_evidence, question_group, select_question_mix
+    from prorag.rewards.tearag import golden_evidence
+    from prorag.training.ip_dpo import QuestionMix, question_group, select_question_mix
 
     raw = Path(__file__).resolve().parents[2] / "data/01_raw/qa"
     pool = [*load_questions(raw / "nq.jsonl")[:5], *load_questions(raw / "hotpotqa.jsonl")[:40],

@@ -13,6 +13,7 @@ from prorag.data.records import Question
 from prorag.llm.generation import Completion, SamplingParams, cut_at_stop, render_chat
 from prorag.llm.registry import BUNDLED_TINY_LLAMA, load_tokenizer
 from prorag.retrieval.base import Hit, check_search_args
+from prorag.rewards.tearag import KnowledgeMatchingReward, KnowledgeMatchingSettings
 from prorag.specs import SamplingSpec, TrainedAgentSpec
 from prorag.training.dpo import DPOTrainingConfig
 from prorag.training.ip_dpo import IPDPOSettings, PairRules, run_ip_dpo
@@ -86,8 +87,8 @@ def test_one_round_samples_scores_pairs_and_trains(tmp_path: Path, one_torch_thr
     similarity = lambda evidence, texts: np.zeros((len(evidence), len(texts)))  # noqa: E731 (single-hop: unused)
     results = run_ip_dpo(
         BUNDLED_TINY_LLAMA, _tiny_adapter(tmp_path / "sft"), questions, OneDocRetriever(), agent,
-        SamplingSpec(temperature=1.0), similarity, IPDPOSettings(rounds=2, samples_per_question=2, top_k=1,
-                                                                 rules=PairRules()),
+        SamplingSpec(temperature=1.0), KnowledgeMatchingReward(KnowledgeMatchingSettings(), similarity),
+        IPDPOSettings(rounds=2, samples_per_question=2, top_k=1, rules=PairRules()),
         DPOTrainingConfig(beta=0.1, sft_weight=1.0, learning_rate=1e-3, max_steps=1, gradient_accumulation_steps=1,
                           warmup_ratio=0.0, lr_scheduler_type="constant"),
         tmp_path / "rounds", generator_factory=lambda adapter: policy)

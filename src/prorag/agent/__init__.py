@@ -16,8 +16,6 @@ from prorag.agent.engine import (
 from prorag.agent.runner import (
     Runner,
     build_engine,
-    build_policy,
-    build_retriever,
     build_runner,
     producing_policy,
     record_policy,
@@ -53,8 +51,6 @@ __all__ = [
     "StandardRAG",
     "StopReason",
     "build_engine",
-    "build_policy",
-    "build_retriever",
     "build_runner",
     "completion_ids_and_mask",
     "producing_policy",

@@ -5,29 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
 
 from prorag.agent.baselines import DirectAnswer, StandardRAG
 from prorag.agent.engine import RolloutEngine
 from prorag.agent.trajectory import Rollout
 from prorag.data.records import Question
-from prorag.llm.factory import build_generator
 from prorag.llm.generation import Generator
 from prorag.protocol.registry import build_adapter
 from prorag.retrieval.base import Retriever
-from prorag.specs import AgentSpec, MethodSpec, PolicySpec, RetrieverSpec, SamplingSpec
-
-if TYPE_CHECKING:
-    from prorag.retrieval.index import RetrievalIndex
+from prorag.specs import AgentSpec, MethodSpec, PolicySpec, SamplingSpec
 
 Runner = Callable[[Sequence[Question]], list[Rollout]]
 """Questions in, one rollout per question (baselines) or ``samples`` per question (agents), question-major."""
-
-
-def build_policy(policy: PolicySpec) -> Generator:
-    """The policy's generator (in-process transformers with the adapter merged, or an OpenAI-compatible server)."""
-    return build_generator(policy.model, backend=policy.backend, adapter=policy.adapter, dtype=policy.dtype,
-                           batch_size=policy.batch_size, base_url=policy.base_url, api_key_env=policy.api_key_env)
 
 
 POLICY_METADATA_KEY = "policy"
@@ -47,15 +36,6 @@ def producing_policy(rollout: Rollout) -> PolicySpec | None:
     """The policy recorded by :func:`record_policy`, or None for a rollout that has none (older trajectories)."""
     recorded = rollout.metadata.get(POLICY_METADATA_KEY)
     return PolicySpec.model_validate(recorded) if recorded else None
-
-
-def build_retriever(spec: RetrieverSpec, index: RetrievalIndex) -> Retriever:
-    """A retrieval server's client when ``spec.retrieval_url`` is set, else the index's ``spec.kind`` retriever."""
-    if spec.retrieval_url:
-        from prorag.retrieval.client import RetrievalClient
-
-        return RetrievalClient(spec.retrieval_url)
-    return index.retriever(spec.kind)
 
 
 def build_engine(agent: AgentSpec, generator: Generator, retriever: Retriever, *, top_k: int,

@@ -23,14 +23,15 @@ from prorag.pipelines.rollout.params import RolloutParams
 from prorag.pipelines.sft.params import SftParams
 from prorag.pipelines.sft_synthesis.params import SftSynthesisParams
 from prorag.pipelines.tearag.params import TeaRAGParams
-from prorag.specs import PolicySpec, RewardSpec, TrainedAgentSpec
+from prorag.rewards.base import RewardSettings
+from prorag.specs import PolicySpec, TrainedAgentSpec
 from prorag.tracking import TrackingParams
 
 PARAMETER_SCHEMAS: Final[dict[str, type[BaseModel]]] = {
     # shared specs (conf/base/parameters.yml): read by several pipelines, declared once
     "policy": PolicySpec,
     "agent": TrainedAgentSpec,
-    "reward": RewardSpec,
+    "reward": RewardSettings,  # validated by the settings of the reward its `kind` names
     "tracking": TrackingParams,
     # one per pipeline (conf/base/parameters_<pipeline>.yml)
     "data_preparation": DataPreparationParams,
@@ -40,7 +41,7 @@ PARAMETER_SCHEMAS: Final[dict[str, type[BaseModel]]] = {
     "sft_synthesis": SftSynthesisParams,
     "sft": SftParams,
     "rl": RLParams,
-    "search_r1_reward": RewardSpec,  # train_search_r1: the rl pipeline with the Search-R1 reward (λp = 0)
+    "search_r1_reward": RewardSettings,  # train_search_r1: the rl pipeline with the Search-R1 reward (λp = 0)
     "kg_extraction": KgExtractionParams,
     "reasonrag_data": ReasonRAGDataParams,
     "reasonrag_agent": TrainedAgentSpec,  # the ReasonRAG agent: MCTS prompt, DPO policy rollouts

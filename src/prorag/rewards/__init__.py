@@ -12,7 +12,7 @@ from prorag.rewards.hiprag import (
     search_r1_reward,
 )
 from prorag.rewards.multistage import (
-    MultistageReward,
+    MultistageBreakdown,
     answer_reward,
     avg_pairwise_similarity,
     format_reward,
@@ -22,7 +22,7 @@ from prorag.rewards.multistage import (
 )
 
 __all__ = [
-    "MultistageReward",
+    "MultistageBreakdown",
     "OptimalCount",
     "RewardBreakdown",
     "RolloutReward",

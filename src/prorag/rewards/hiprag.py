@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+
+from pydantic import Field
 
 from prorag.metrics.qa import cover_exact_match
+from prorag.rewards.base import Reward, RewardNeeds, RewardScores, RewardSettings, ScoringContext
 
 if TYPE_CHECKING:
     from prorag.judges.detection import StepVerdict, StepVerdicts
@@ -197,3 +200,94 @@ def process_bonus_fires(rollout: Any, step_verdicts: StepVerdicts | None, mode: 
     if step_verdicts is None:
         return None
     return count_optimal(step_verdicts, mode).n_optimal > 0
+
+
+# ------------------------------------------------------------------------------------------ the plug-ins
+
+
+class HiPRAGSettings(RewardSettings):
+    """HiPRAG's reward (eq. 1) and its ablations (``check``: which suboptimal steps ``N_corr`` counts, Table 4)."""
+
+    kind: Literal["hiprag"] = "hiprag"
+    lambda_f: float = Field(default=0.2, ge=0, le=1)
+    """Format weight λf."""
+    lambda_p: float = Field(default=0.4, ge=0)
+    """Process-bonus weight λp (0: the Search-R1 reward, with no detection)."""
+    check: Literal["both", "over_only", "under_only"] = "both"
+    """Which detector the bonus measures: both (the paper's reward), over_only or under_only (its ablations)."""
+
+
+class SearchR1Settings(RewardSettings):
+    """The Search-R1 outcome + format reward: eq. 1 with λp = 0."""
+
+    kind: Literal["search_r1"] = "search_r1"
+    lambda_f: float = Field(default=0.2, ge=0, le=1)
+
+
+REFERENCE_LAMBDA_P: Final = HiPRAGSettings.model_fields["lambda_p"].default
+"""The paper's λp: what the shaping diagnostic of a λp = 0 run measures HiPRAG's term with."""
+
+
+class HiPRAGReward(Reward):
+    """Eq. 1 per rollout: ``A`` = cover exact match, ``F`` = the protocol's format check, ``N_corr`` from the step
+    verdicts of over-/under-search detection (run by the scorer when ``λp > 0``)."""
+
+    kind: ClassVar[str] = "hiprag"
+    Settings: ClassVar[type[RewardSettings]] = HiPRAGSettings
+    components: ClassVar[tuple[str, ...]] = ("outcome", "format", "process")
+
+    @property
+    def lambda_f(self) -> float:
+        return float(self.settings.lambda_f)  # type: ignore[attr-defined]
+
+    @property
+    def lambda_p(self) -> float:
+        return float(self.settings.lambda_p)  # type: ignore[attr-defined]
+
+    @property
+    def needs(self) -> RewardNeeds:
+        return RewardNeeds(detection=self.lambda_p > 0)
+
+    def mode(self) -> str:
+        return str(getattr(self.settings, "check", "both"))
+
+    def score(self, rollouts: Sequence[Any], context: ScoringContext) -> RewardScores:
+        verdicts = context.verdicts
+        components: dict[str, list[float]] = {name: [] for name in self.components}
+        totals: list[float] = []
+        optimal: list[OptimalCount | None] = []
+        for index, rollout in enumerate(rollouts):
+            scored = rollout_reward(rollout, None if verdicts is None else verdicts[index], lambda_f=self.lambda_f,
+                                    lambda_p=self.lambda_p, mode=self.mode())
+            reward = scored.reward
+            for name, value in (("outcome", reward.outcome), ("format", reward.format), ("process", reward.process)):
+                components[name].append(float(value))
+            totals.append(float(reward.total))
+            optimal.append(scored.optimal)
+        return RewardScores(components, totals, optimal)
+
+    def process_terms(self, scores: RewardScores, verdicts: Sequence[StepVerdicts] | None,
+                      bonus_fired: Sequence[bool | None] | None) -> tuple[list[float], float] | None:
+        """``A·F·N_corr/N`` per rollout (NaN where the gate is unknown) and λp (the paper's 0.4 for a λp = 0 run, so
+        it reports what HiPRAG's term *would* have changed)."""
+        if bonus_fired is None:
+            return None
+        counts = list(scores.optimal)
+        if verdicts is not None and len(verdicts) == len(counts):  # λp = 0 scores no N_corr: count it here
+            counts = [optimal if optimal is not None or not fired else count_optimal(step_verdicts, self.mode())
+                      for optimal, fired, step_verdicts in zip(counts, bonus_fired, verdicts, strict=True)]
+        terms = [math.nan if fired is None or (fired and optimal is None)
+                 else optimal.n_optimal / optimal.n_steps if fired and optimal is not None else 0.0
+                 for fired, optimal in zip(bonus_fired, counts, strict=True)]
+        return terms, self.lambda_p or REFERENCE_LAMBDA_P
+
+
+class SearchR1Reward(HiPRAGReward):
+    """The Search-R1 baseline: eq. 1 with λp = 0 (outcome + format; detection only for metrics)."""
+
+    kind: ClassVar[str] = "search_r1"
+    Settings: ClassVar[type[RewardSettings]] = SearchR1Settings
+
+    @property
+    def lambda_p(self) -> float:
+        return 0.0

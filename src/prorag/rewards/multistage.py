@@ -29,14 +29,24 @@ concise (``r_s = 0``).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 import numpy as np
+from pydantic import Field
 
+from prorag.metrics.qa import cover_exact_match
 from prorag.protocol.multistage import extract_queries, is_valid_format
+from prorag.rewards.base import Reward, RewardNeeds, RewardScores, RewardSettings, ScoringContext
+from prorag.specs import JudgeSpec
+
+if TYPE_CHECKING:
+    from prorag.judges.base import Judge
+
+logger = logging.getLogger(__name__)
 
 Embed = Callable[[list[str]], np.ndarray]
 Stage = Literal[1, 2]
@@ -139,7 +149,7 @@ def _search_reward(queries: list[str], retrieval_count: int, concise: bool | Non
 
 
 @dataclass(frozen=True)
-class MultistageReward:
+class MultistageBreakdown:
     """``total = answer + search + format`` (eq. 12) and what they came from."""
 
     total: float
@@ -156,7 +166,7 @@ class MultistageReward:
 
 def multistage_reward(text: str, correct: bool, stage: Stage, *, beta: float = 0.3, embed: Embed | None = None,
                       queries: Sequence[str] | None = None, retrieval_count: int | None = None,
-                      concise: bool | None = None, literal_eq8: bool = False) -> MultistageReward:
+                      concise: bool | None = None, literal_eq8: bool = False) -> MultistageBreakdown:
     """Eq. 12 for one completion: ``r_a + r_s + r_f``.
 
     ``queries`` default to the ``<search>`` contents of ``text`` and ``retrieval_count`` to their number (pass
@@ -167,7 +177,7 @@ def multistage_reward(text: str, correct: bool, stage: Stage, *, beta: float = 0
     r_a = answer_reward(correct, count, stage, beta)
     r_s, concise_used, similarity = _search_reward(query_list, count, concise, embed, literal_eq8)
     r_f = format_reward(text)
-    return MultistageReward(total=r_a + r_s + r_f, answer=r_a, search=r_s, format=r_f, stage=stage,
+    return MultistageBreakdown(total=r_a + r_s + r_f, answer=r_a, search=r_s, format=r_f, stage=stage,
                             correct=bool(correct), retrieval_count=count, queries=tuple(query_list),
                             concise=concise_used, avg_similarity=similarity)
 
@@ -175,3 +185,79 @@ def multistage_reward(text: str, correct: bool, stage: Stage, *, beta: float = 0
 def _check_count(retrieval_count: int) -> None:
     if isinstance(retrieval_count, bool) or not isinstance(retrieval_count, int) or retrieval_count < 0:
         raise ValueError(f"retrieval_count must be a non-negative int, got {retrieval_count!r}")
+
+
+# ------------------------------------------------------------------------------------------ the plug-in
+
+
+class MultistageSettings(RewardSettings):
+    """The multi-stage reward (eq. 12) with its two answer stages."""
+
+    kind: Literal["multistage"] = "multistage"
+    beta: float = Field(default=0.3, ge=0)
+    """The retrieval penalty β of the answer reward (eqs. 10–11)."""
+    stage_switch_step: int = Field(default=1, ge=0)
+    """The first training step of stage 2 (eq. 11); steps before it use stage 1 (eq. 10). The paper gives no switch
+    point, so it is an explicit setting; 0 is stage 2 from the start — the paper's "w/o stage one" ablation — and
+    is logged as such. Evaluation judges with stage 2."""
+    answer_judge: JudgeSpec = JudgeSpec()
+    """Answer correctness. ``llm`` is the paper's LLM-as-a-judge (LasJ, its answer prompt); ``reference`` is cover
+    exact match, the embedded default's fallback. An unknown verdict counts as incorrect (never rewarded) and shows
+    as ``answer_unknown_rate``."""
+
+
+class MultistageReward(Reward):
+    """Eq. 12 per rollout, over the multistage protocol's completions (its format reward checks that protocol)."""
+
+    kind: ClassVar[str] = "multistage"
+    Settings: ClassVar[type[RewardSettings]] = MultistageSettings
+    components: ClassVar[tuple[str, ...]] = ("answer", "search", "format")
+    protocols: ClassVar[tuple[str, ...] | None] = ("multistage",)
+    claims_protocols: ClassVar[bool] = True
+
+    def __init__(self, settings: RewardSettings) -> None:
+        super().__init__(settings)
+        self.beta = float(settings.beta)  # type: ignore[attr-defined]
+        self.stage_switch_step = int(settings.stage_switch_step)  # type: ignore[attr-defined]
+        if self.stage_switch_step == 0:
+            logger.warning("reward.stage_switch_step is 0: stage 2 from the first step (the paper's 'w/o stage one' "
+                           "ablation)")
+
+    @property
+    def needs(self) -> RewardNeeds:
+        return RewardNeeds(embedder=True, answer_judge=self.settings.answer_judge.kind == "llm")  # type: ignore[attr-defined]
+
+    def stage(self, step: int | None) -> int:
+        """1 before ``stage_switch_step``, 2 from it on and in evaluation (``step`` None)."""
+        return 2 if step is None or step >= self.stage_switch_step else 1
+
+    def score(self, rollouts: Sequence[Any], context: ScoringContext) -> RewardScores:
+        if context.embed is None:
+            raise ValueError("the multistage reward needs embed (its search reward compares query embeddings)")
+        stage = self.stage(context.step)
+        correctness = answers_correct(rollouts, context.answer_judge)
+        components: dict[str, list[float]] = {name: [] for name in self.components}
+        totals: list[float] = []
+        for rollout, verdict in zip(rollouts, correctness, strict=True):
+            result = multistage_reward(rollout.completion, verdict is True, stage, beta=self.beta,  # unknown: wrong
+                                       embed=context.embed, queries=rollout.queries,
+                                       retrieval_count=rollout.retrieval_count)
+            for name, value in (("answer", result.answer), ("search", result.search), ("format", result.format)):
+                components[name].append(float(value))
+            totals.append(float(result.total))
+        return RewardScores(components, totals, [None] * len(rollouts), answer_correct=correctness, stage=stage)
+
+
+def answers_correct(rollouts: Sequence[Any], judge: Judge | None) -> list[bool | None]:
+    """Each rollout's answer judged against its golden answers: the answer judge's verdict (None: unknown, and a
+    rollout without an answer is incorrect without asking), or cover exact match without a judge."""
+    if judge is None:
+        return [bool(cover_exact_match(rollout.answer, rollout.golden_answers)) for rollout in rollouts]
+    asked = [index for index, rollout in enumerate(rollouts) if rollout.answer and rollout.answer.strip()]
+    verdicts = judge.answer_correct(
+        [(rollouts[index].question, tuple(rollouts[index].golden_answers), str(rollouts[index].answer))
+         for index in asked]) if asked else []
+    correct: list[bool | None] = [False] * len(rollouts)
+    for index, verdict in zip(asked, verdicts, strict=True):
+        correct[index] = verdict.value
+    return correct

@@ -32,12 +32,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 
+from prorag.data.records import Question
 from prorag.metrics.qa import f1_score, normalize_answer
 from prorag.protocol.tearag import TeaRAGParseError, TeaRAGPath, extract_answer, parse
+from prorag.rewards.base import Reward, RewardNeeds, RewardScores, RewardSettings, ScoringContext
 
 if TYPE_CHECKING:
     from prorag.retrieval.embedder import Embedder
@@ -105,6 +108,27 @@ def load_similarity(spec: str) -> Similarity:
 
 
 # ------------------------------------------------------------------------------------------ rewards
+
+
+def golden_evidence(question: Question) -> list[str]:
+    """The golden evidence ``G`` of eqs. 9–11: MuSiQue's supporting paragraphs (title and text), HotpotQA's
+    supporting sentences (title: sentence); none for a single-hop question (NQ), which gets no process reward."""
+    metadata = question.metadata
+    if isinstance(metadata.get("paragraphs"), list):
+        return [f"{p.get('title', '')}: {p.get('paragraph_text', '')}".strip()
+                for p in metadata["paragraphs"] if isinstance(p, dict) and p.get("is_supporting")]
+    facts, context = metadata.get("supporting_facts"), metadata.get("context")
+    if isinstance(facts, list) and isinstance(context, list):
+        pages = {str(page[0]): page[1] for page in context if isinstance(page, list) and len(page) == 2}
+        evidence = []
+        for fact in facts:
+            if isinstance(fact, list) and len(fact) == 2 and isinstance(fact[1], int):
+                sentences = pages.get(str(fact[0])) or []
+                if 0 <= fact[1] < len(sentences):
+                    evidence.append(f"{fact[0]}: {str(sentences[fact[1]]).strip()}")
+        return evidence
+    return []
+
 
 
 def outcome_reward(answer: str | None, golden_answers: Sequence[str]) -> float:
@@ -225,3 +249,63 @@ def tearag_reward(completion: str, golden_answers: Sequence[str], evidence: Sequ
                + weights.summary * r_s)
     return TeaRAGReward(outcome=f1, f1=f1, format=1.0, process=process, consistency=consistency, subquery_match=r_q,
                         context_match=r_c, summary_match=r_s, n_steps=path.n_steps, single_hop=False)
+
+
+# ------------------------------------------------------------------------------------------ the plug-in
+
+
+class KnowledgeMatchingSettings(RewardSettings):
+    """TeaRAG's reward: outcome (F1), format and the knowledge-matching process reward (eqs. 5–13)."""
+
+    kind: Literal["knowledge_matching"] = "knowledge_matching"
+    similarity: str = "embedder:bundled:all-minilm-l6-v2"
+    """``reranker:<model>`` (the paper's: a cross-encoder logit through a sigmoid) or ``embedder:<spec>`` (the CPU
+    deviation: clipped cosine of the bundled embedder)."""
+    weight_consistency: float = Field(default=0.25, ge=0)
+    weight_subquery: float = Field(default=0.25, ge=0)
+    weight_context: float = Field(default=0.25, ge=0)
+    weight_summary: float = Field(default=0.25, ge=0)
+
+    def weights(self) -> ProcessWeights:
+        return ProcessWeights(consistency=self.weight_consistency, subquery=self.weight_subquery,
+                              context=self.weight_context, summary=self.weight_summary)
+
+
+class KnowledgeMatchingReward(Reward):
+    """:func:`tearag_reward` per rollout, against its question's golden evidence (:func:`golden_evidence`); the
+    per-path components (F1, consistency, the three matches, single-hop) are in ``details``. ``similarity`` may be
+    given (a test's stand-in); otherwise the settings' spec is loaded on first use."""
+
+    kind: ClassVar[str] = "knowledge_matching"
+    Settings: ClassVar[type[RewardSettings]] = KnowledgeMatchingSettings
+    components: ClassVar[tuple[str, ...]] = ("outcome", "format", "process")
+    protocols: ClassVar[tuple[str, ...] | None] = ("tearag",)
+    claims_protocols: ClassVar[bool] = True
+
+    def __init__(self, settings: RewardSettings, similarity: Similarity | None = None) -> None:
+        super().__init__(settings)
+        self._similarity = similarity
+
+    @property
+    def needs(self) -> RewardNeeds:
+        return RewardNeeds(evidence=True)
+
+    def similarity(self) -> Similarity:
+        if self._similarity is None:
+            self._similarity = load_similarity(self.settings.similarity)  # type: ignore[attr-defined]
+        return self._similarity
+
+    def score(self, rollouts: Sequence[Any], context: ScoringContext) -> RewardScores:
+        weights = self.settings.weights()  # type: ignore[attr-defined]
+        components: dict[str, list[float]] = {name: [] for name in self.components}
+        totals: list[float] = []
+        details: list[dict[str, Any]] = []
+        for rollout in rollouts:
+            evidence = golden_evidence(context.questions[rollout.question_key])
+            reward = tearag_reward(rollout.completion, rollout.golden_answers, evidence,
+                                   self.similarity() if evidence else None, weights=weights)
+            for name, value in (("outcome", reward.outcome), ("format", reward.format), ("process", reward.process)):
+                components[name].append(float(value))
+            totals.append(float(reward.total))
+            details.append(reward.to_dict())
+        return RewardScores(components, totals, [None] * len(rollouts), details=details)

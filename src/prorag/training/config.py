@@ -1,5 +1,5 @@
 """The trainers' settings as typed config objects: declared once here, taken whole by the trainers
-(:func:`~prorag.training.sft.train_sft_lora`, :func:`~prorag.training.grpo.build_grpo_trainer`) and used as the
+(:func:`~prorag.training.sft.train_sft_lora`, :func:`~prorag.training.trl_grpo.build_grpo_trainer`) and used as the
 parameter schemas of the ``sft`` block and of ``rl.trainer`` — a new knob is one field, not four edits."""
 
 from __future__ import annotations

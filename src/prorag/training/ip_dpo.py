@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from prorag.data.records import Question
-from prorag.rewards.tearag import ProcessWeights, Similarity, tearag_reward
+from prorag.rewards.scoring import RolloutScorer, ScoredBatch
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from prorag.agent.trajectory import Rollout
     from prorag.llm.generation import Generator
     from prorag.retrieval.base import Retriever
+    from prorag.rewards.base import Reward
     from prorag.specs import AgentSpec, SamplingSpec
     from prorag.training.dpo import DPOTrainingConfig
 
@@ -232,43 +233,24 @@ def select_question_mix(questions: Sequence[Question], mix: QuestionMix, *, excl
     return chosen
 
 
-def golden_evidence(question: Question) -> list[str]:
-    """The golden evidence ``G`` of eqs. 9–11: MuSiQue's supporting paragraphs (title and text), HotpotQA's
-    supporting sentences (title: sentence); none for a single-hop question (NQ), which gets no process reward."""
-    metadata = question.metadata
-    if isinstance(metadata.get("paragraphs"), list):
-        return [f"{p.get('title', '')}: {p.get('paragraph_text', '')}".strip()
-                for p in metadata["paragraphs"] if isinstance(p, dict) and p.get("is_supporting")]
-    facts, context = metadata.get("supporting_facts"), metadata.get("context")
-    if isinstance(facts, list) and isinstance(context, list):
-        pages = {str(page[0]): page[1] for page in context if isinstance(page, list) and len(page) == 2}
-        evidence = []
-        for fact in facts:
-            if isinstance(fact, list) and len(fact) == 2 and isinstance(fact[1], int):
-                sentences = pages.get(str(fact[0])) or []
-                if 0 <= fact[1] < len(sentences):
-                    evidence.append(f"{fact[0]}: {str(sentences[fact[1]]).strip()}")
-        return evidence
-    return []
-
-
 # ----------------------------------------------------------------------------------------- scoring
 
 
-def score_rollouts(rollouts: Sequence[Rollout], evidence: Mapping[str, Sequence[str]], similarity: Similarity | None,
-                   weights: ProcessWeights) -> list[tuple[ScoredPath, dict[str, Any]]]:
-    """Each rollout's :class:`ScoredPath` and its reward components (eqs. 5–13)."""
-    scored = []
-    for rollout in rollouts:
-        reward = tearag_reward(rollout.completion, rollout.golden_answers, evidence.get(rollout.question_key, ()),
-                               similarity, weights=weights)
+def scored_paths(rollouts: Sequence[Rollout], scored: ScoredBatch) -> list[tuple[ScoredPath, dict[str, Any]]]:
+    """Each rollout's :class:`ScoredPath` and its reward components (eqs. 5–13), from a batch scored with the
+    knowledge-matching reward (:class:`~prorag.rewards.tearag.KnowledgeMatchingReward`)."""
+    if scored.details is None or len(scored.details) != len(rollouts):
+        raise ValueError("IP-DPO pairs need the knowledge-matching reward's per-path details (reward kind "
+                         "knowledge_matching)")
+    paths = []
+    for rollout, reward in zip(rollouts, scored.details, strict=True):
         path = ScoredPath(question_key=rollout.question_key,
                           path_id=f"{rollout.question_key}#{rollout.sample_index}", completion=rollout.completion,
-                          outcome=reward.outcome, f1=reward.f1, format=reward.format, process=reward.process,
-                          single_hop=reward.single_hop, n_steps=reward.n_steps,
+                          outcome=reward["outcome"], f1=reward["f1"], format=reward["format"],
+                          process=reward["process"], single_hop=reward["single_hop"], n_steps=reward["n_steps"],
                           generated_tokens=rollout.generated_tokens)
-        scored.append((path, reward.to_dict()))
-    return scored
+        paths.append((path, reward))
+    return paths
 
 
 def preference_records(pairs: Sequence[PreferencePair], messages: Callable[[str], list[dict[str, str]]],
@@ -296,7 +278,6 @@ class IPDPOSettings:
     rounds: int = 3
     samples_per_question: int = 8
     rules: PairRules = field(default_factory=PairRules)
-    weights: ProcessWeights = field(default_factory=ProcessWeights)
     top_k: int = 5
 
     def __post_init__(self) -> None:
@@ -339,7 +320,7 @@ def round_metrics(scored: Sequence[tuple[ScoredPath, dict[str, Any]]], pairs: Se
 
 
 def run_ip_dpo(model: str, sft_adapter: str, questions: Sequence[Question], retriever: Retriever,
-               agent: AgentSpec, sampling: SamplingSpec, similarity: Similarity | None, settings: IPDPOSettings,
+               agent: AgentSpec, sampling: SamplingSpec, reward: Reward, settings: IPDPOSettings,
                dpo: DPOTrainingConfig, output_dir: str | Path, *, policy_batch_size: int = 8, dtype: str = "float32",
                callbacks: Callable[[int], list[TrainerCallback]] | None = None,
                generator_factory: Callable[[str], Generator] | None = None) -> list[RoundResult]:
@@ -354,7 +335,7 @@ def run_ip_dpo(model: str, sft_adapter: str, questions: Sequence[Question], retr
     from prorag.protocol.registry import build_adapter
     from prorag.training.dpo import preference_rows, train_dpo_lora
 
-    evidence = {question.key: golden_evidence(question) for question in questions}
+    scorer = RolloutScorer(reward, questions={question.key: question for question in questions})
     texts = {question.key: question.question for question in questions}
     adapter_view = build_adapter(agent.protocol, **agent.protocol_options())
     tokenizer = load_tokenizer(model)
@@ -367,9 +348,9 @@ def run_ip_dpo(model: str, sft_adapter: str, questions: Sequence[Question], retr
                               sampling=sampling.model_copy(update={"seed": sampling.seed + round_index}),
                               method=f"tearag_ip_dpo_round{round_index}")
         rollouts = engine.run(questions, samples=settings.samples_per_question)
+        scored = scored_paths(rollouts, scorer.score(rollouts, generator))
         del engine, generator
         gc.collect()
-        scored = score_rollouts(rollouts, evidence, similarity, settings.weights)
         pairs = build_pairs([path for path, _ in scored], settings.rules)
         metrics = round_metrics(scored, pairs)
         logger.info("IP-DPO round %d: %d samples, pairs %s, mean total reward %.3f", round_index, len(scored),

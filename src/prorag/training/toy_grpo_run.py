@@ -1,7 +1,7 @@
 """A toy-size GRPO run of the RL pipeline's training, as a script that ``accelerate launch`` can start in several
 processes (the data-parallel test and the GRPO benchmark run it; it is not part of a pipeline).
 
-:func:`prorag.training.grpo.train_grpo_lora` with the HiPRAG reward (reference judges) on ``--questions`` HotpotQA
+:func:`prorag.training.trl_grpo.train_grpo_lora` with the HiPRAG reward (reference judges) on ``--questions`` HotpotQA
 questions, BM25 over 50 passages and the tiny random Llama (``bundled:tiny-random-llama``), a fresh LoRA,
 ``--steps`` optimizer steps, ``--batch-size`` completions per process and step, ``--generations`` completions per
 question. Every process rolls out its own share of the generation batch with the engine; DDP averages the LoRA
@@ -58,10 +58,11 @@ def train(args: argparse.Namespace) -> int:
     from prorag.llm.registry import BUNDLED_TINY_LLAMA
     from prorag.retrieval.bm25 import BM25Retriever
     from prorag.retrieval.store import PassageStore
+    from prorag.rewards.registry import build_reward
+    from prorag.rewards.scoring import RolloutScorer
     from prorag.specs import AgentSpec
     from prorag.training.config import GRPOSettings
-    from prorag.training.grpo import AgentRolloutFunction, train_grpo_lora
-    from prorag.training.process_rewards import RewardSettings, RolloutScorer
+    from prorag.training.trl_grpo import AgentRolloutFunction, train_grpo_lora
 
     torch.set_num_threads(args.threads)
 
@@ -107,7 +108,7 @@ def train(args: argparse.Namespace) -> int:
     questions = load_questions(args.raw / "qa" / "hotpotqa.jsonl")[: args.questions]
     retriever = BM25Retriever.build(PassageStore(passages))
     judge = ReferenceJudge(retriever)
-    scorer = RolloutScorer(RewardSettings(), judge, judge)
+    scorer = RolloutScorer(build_reward({"kind": "hiprag"}), over_judge=judge, under_judge=judge)
     agent = AgentSpec(few_shot=False, step_budget=1, max_new_tokens_per_turn=8, max_total_new_tokens=16)
     rollout_function = RecordingRolloutFunction(questions, retriever, scorer, agent, batch_size=args.batch_size,
                                                 seed=0)

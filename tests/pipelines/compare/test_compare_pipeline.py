@@ -31,8 +31,9 @@ from prorag.pipelines.kg_extraction.params import KgExtractionParams
 from prorag.pipelines.reward_judging.nodes import judge_trajectories
 from prorag.pipelines.reward_judging.params import RewardJudgingParams
 from prorag.pipelines.tearag.params import TeaRAGParams
+from prorag.rewards.hiprag import HiPRAGSettings
 from prorag.serving import create_app, serve_in_thread
-from prorag.specs import PolicySpec, RewardSpec, TrainedAgentSpec
+from prorag.specs import PolicySpec, TrainedAgentSpec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -133,7 +134,7 @@ def test_an_untrained_arm_is_an_error_when_skipping_is_off(question_records, ind
 
 def test_table_tests_report_and_plots(compared, index, tmp_path):
     records, arms = compared
-    _, _, judge_metrics = judge_trajectories(records, index, RewardJudgingParams(), RewardSpec(), TINY)
+    _, _, judge_metrics = judge_trajectories(records, index, RewardJudgingParams(), HiPRAGSettings(), TINY)
     params = _params()
     table, tests, report, *figures, metrics = report_comparison(records, arms, judge_metrics,
                                                                 judge_compare_answers(records, params), params)

@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from prorag.agent import build_policy, record_policy
+from prorag.agent import record_policy
 from prorag.agent.trajectory import Rollout
+from prorag.assembly import build_policy
 from prorag.data.records import Passage
 from prorag.judges.detection import reask_messages
 from prorag.llm.generation import SamplingParams, generate_chat
@@ -16,7 +17,8 @@ from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.pipelines.reward_judging.nodes import judge_trajectories
 from prorag.pipelines.reward_judging.params import RewardJudgingParams
 from prorag.retrieval import build_retrieval_index
-from prorag.specs import PolicySpec, RewardSpec
+from prorag.rewards.hiprag import HiPRAGSettings
+from prorag.specs import PolicySpec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -52,7 +54,7 @@ def _rollout(method: str, dataset: str, key: str) -> Rollout:
 
 def _reask(policy: PolicySpec) -> str:
     generator = build_policy(policy.model_copy(update={"batch_size": 1}))
-    params = SamplingParams(max_new_tokens=RewardSpec().reask_max_new_tokens, temperature=0.0)
+    params = SamplingParams(max_new_tokens=HiPRAGSettings().reask_max_new_tokens, temperature=0.0)
     return generate_chat(generator, [reask_messages(QUERY)], params)[0][0].text.strip()
 
 
@@ -61,7 +63,7 @@ def test_trajectories_are_reasked_to_the_policy_that_produced_them(adapter_dir, 
     records = [rollout.to_dict() for rollout in
                record_policy([_rollout("hiprag_agent", "hotpotqa", "q1")], BASE)
                + record_policy([_rollout("hiprag_agent_sft", "hotpotqa", "q1")], sft_policy)]
-    verdicts, table, _ = judge_trajectories(records, index, RewardJudgingParams(), RewardSpec(), BASE)
+    verdicts, table, _ = judge_trajectories(records, index, RewardJudgingParams(), HiPRAGSettings(), BASE)
 
     by_method = {record["method"]: record for record in verdicts}
     base_answer, sft_answer = _reask(BASE), _reask(sft_policy)
@@ -80,7 +82,7 @@ def test_an_explicit_reask_policy_replaces_the_recorded_one(adapter_dir, index):
     sft_policy = BASE.model_copy(update={"adapter": adapter_dir})
     records = [rollout.to_dict() for rollout in record_policy([_rollout("hiprag_agent_sft", "hotpotqa", "q1")],
                                                               sft_policy)]
-    verdicts, _, _ = judge_trajectories(records, index, RewardJudgingParams(reask_policy=BASE), RewardSpec(), BASE)
+    verdicts, _, _ = judge_trajectories(records, index, RewardJudgingParams(reask_policy=BASE), HiPRAGSettings(), BASE)
     assert verdicts[0]["steps"][0]["reask_answer"].strip() == _reask(BASE)
 
 
@@ -90,7 +92,7 @@ def test_search_rates_per_dataset_and_their_average(index):
     records = [rollout.to_dict() for rollout in record_policy(
         [_rollout("agent", "hotpotqa", "q1"), _rollout("agent", "hotpotqa", "q2"), _rollout("agent", "popqa", "q3")],
         BASE)]
-    _, _, metrics = judge_trajectories(records, index, RewardJudgingParams(), RewardSpec(), BASE)
+    _, _, metrics = judge_trajectories(records, index, RewardJudgingParams(), HiPRAGSettings(), BASE)
     figures = metrics["agent"]
     assert set(figures["by_dataset"]) == {"hotpotqa", "popqa"}
     for rate in ("osr", "usr", "search_ratio"):

@@ -11,8 +11,11 @@ from prorag.llm import BUNDLED_TINY_LLAMA, load_causal_lm
 from prorag.pipeline_registry import register_pipelines
 from prorag.pipelines.rl.nodes import run_fingerprint, select_rl_questions, train_rl
 from prorag.pipelines.rl.params import RLParams
-from prorag.specs import PolicySpec, RewardSpec, TrainedAgentSpec, check_reward_protocol
-from prorag.training.grpo import COMPLETED_MARKER
+from prorag.rewards.hiprag import HiPRAGSettings
+from prorag.rewards.multistage import MultistageSettings
+from prorag.rewards.registry import check_reward_protocol
+from prorag.specs import PolicySpec, TrainedAgentSpec
+from prorag.training.trl_grpo import COMPLETED_MARKER
 
 POLICY = PolicySpec(model=BUNDLED_TINY_LLAMA)
 AGENT = TrainedAgentSpec(step_budget=1, max_new_tokens_per_turn=8, max_total_new_tokens=16)
@@ -48,10 +51,10 @@ def test_rl_questions_never_include_evaluated_ones(questions):
 
 def test_rl_params_are_checked():
     with pytest.raises(ValueError, match="multistage"):
-        check_reward_protocol(RewardSpec(method="multistage"), TrainedAgentSpec())
+        check_reward_protocol(MultistageSettings(), TrainedAgentSpec().protocol)
     with pytest.raises(ValueError, match="multistage"):
-        check_reward_protocol(RewardSpec(), TrainedAgentSpec(protocol="multistage"))
-    check_reward_protocol(RewardSpec(method="multistage"), TrainedAgentSpec(protocol="multistage"))
+        check_reward_protocol(HiPRAGSettings(), "multistage")
+    check_reward_protocol(MultistageSettings(), "multistage")
     with pytest.raises(ValueError, match="loss_type"):
         RLParams(trainer={"loss_type": "ppo"})
     with pytest.raises(ValueError, match="extra"):
@@ -60,23 +63,24 @@ def test_rl_params_are_checked():
 
 def test_train_rl_continues_the_adapter_and_logs_each_step(questions, index, start_adapter, tmp_path):
     params = _params(tmp_path)
-    adapter, log = train_rl(questions[:4], index, start_adapter, params, POLICY, AGENT, RewardSpec())
+    adapter, log = train_rl(questions[:4], index, start_adapter, params, POLICY, AGENT, HiPRAGSettings())
     assert [entry["step"] for entry in log if "loss" in entry] == [1]
     assert {"reward", "rewards/process/mean", "agent/format_rate", "agent/cem"} <= set(log[0])
     run_dir = tmp_path / "runs" / run_fingerprint(params, start_adapter,
                                                   [Question.from_dict(q) for q in questions[:4]],
-                                                  POLICY, AGENT, RewardSpec())
+                                                  POLICY, AGENT, HiPRAGSettings())
     assert adapter == str(run_dir / "adapter") and (run_dir / COMPLETED_MARKER).is_file()
 
 
 def test_the_run_folder_depends_on_the_settings(questions, start_adapter, tmp_path):
     chosen = [Question.from_dict(q) for q in questions[:2]]
-    shared = (POLICY, AGENT, RewardSpec())
+    shared = (POLICY, AGENT, HiPRAGSettings())
     base = run_fingerprint(_params(tmp_path), start_adapter, chosen, *shared)
     assert base == run_fingerprint(_params(tmp_path), start_adapter, chosen, *shared)
-    assert base != run_fingerprint(_params(tmp_path), start_adapter, chosen, POLICY, AGENT, RewardSpec(lambda_p=0.0))
+    assert base != run_fingerprint(_params(tmp_path), start_adapter, chosen, POLICY, AGENT,
+                                   HiPRAGSettings(lambda_p=0.0))
     assert base != run_fingerprint(_params(tmp_path), start_adapter, chosen, POLICY,
-                                   AGENT.model_copy(update={"step_budget": 2}), RewardSpec())
+                                   AGENT.model_copy(update={"step_budget": 2}), HiPRAGSettings())
     assert base != run_fingerprint(_params(tmp_path), start_adapter + "-other", chosen, *shared)
     resumable = _params(tmp_path).model_copy(update={"trainer": _params(tmp_path).trainer.model_copy(
         update={"resume": False})})

@@ -12,7 +12,8 @@ from prorag.pipelines.reward_judging.params import RewardJudgingParams
 from prorag.pipelines.rollout.nodes import run_rollouts, select_rollout_questions
 from prorag.pipelines.rollout.params import RolloutParams
 from prorag.retrieval import build_retrieval_index
-from prorag.specs import JudgeSpec, PolicySpec, RewardSpec
+from prorag.rewards.hiprag import HiPRAGSettings
+from prorag.specs import JudgeSpec, PolicySpec
 
 TINY_POLICY = PolicySpec(model="bundled:tiny-random-llama", batch_size=4)
 
@@ -75,7 +76,7 @@ def test_rollout_evaluate_and_judge(questions, index):
     assert metrics["direct"]["all"]["avg_retrieval_count"] == 0
     assert metrics["standard_rag"]["all"]["avg_context_tokens"] > 0
 
-    verdicts, rewards, judge_metrics = judge_trajectories(trajectories, index, RewardJudgingParams(), RewardSpec(),
+    verdicts, rewards, judge_metrics = judge_trajectories(trajectories, index, RewardJudgingParams(), HiPRAGSettings(),
                                                           TINY_POLICY)
     assert len(verdicts) == len(agent) == len(rewards)
     assert judge_metrics["skipped_trajectories"] == 2 * len(selected)
@@ -87,7 +88,7 @@ def test_rollout_evaluate_and_judge(questions, index):
 
 def test_judge_rejects_a_run_without_agent_trajectories(index):
     with pytest.raises(ValueError, match="no agent trajectory"):
-        judge_trajectories([], index, RewardJudgingParams(), RewardSpec(), TINY_POLICY)
+        judge_trajectories([], index, RewardJudgingParams(), HiPRAGSettings(), TINY_POLICY)
 
 
 def test_parameters_are_strict():
@@ -96,7 +97,7 @@ def test_parameters_are_strict():
     with pytest.raises(ValueError, match="temprature"):
         _rollout_params(temprature=0.5)
     with pytest.raises(ValueError, match="kind"):
-        RewardSpec(over_search_judge={"kind": "oracle"})
+        HiPRAGSettings(over_search_judge={"kind": "oracle"})
     with pytest.raises(ValueError, match="top_k"):
         _rollout_params(retriever={"kind": "bm25", "top_k": True})  # a bool is not an int
     with pytest.raises(ValueError, match="max_concurrency"):
@@ -121,5 +122,5 @@ def test_every_registered_protocol_is_a_selectable_evaluation_method(questions, 
     assert {t["protocol"] for t in trajectories} == set(protocol_names()) >= {"hiprag", "multistage", "reasonrag"}
     table, _ = evaluate_trajectories(trajectories)
     assert {f"{name}_agent" for name in protocol_names()} <= set(table["method"])
-    _, rewards, metrics = judge_trajectories(trajectories, index, RewardJudgingParams(), RewardSpec(), TINY_POLICY)
+    _, rewards, metrics = judge_trajectories(trajectories, index, RewardJudgingParams(), HiPRAGSettings(), TINY_POLICY)
     assert "multistage_agent" in metrics and len(rewards) == len(trajectories)

@@ -9,7 +9,8 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from prorag.agent import Rollout, build_policy, build_retriever, build_runner, record_policy
+from prorag.agent import Rollout, build_runner, record_policy
+from prorag.assembly import build_policy, build_retriever
 from prorag.data import Question
 from prorag.judges.factory import build_judge
 from prorag.pipelines.compare.params import CompareArm, CompareParams

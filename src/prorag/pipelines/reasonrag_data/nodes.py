@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from prorag.agent import build_policy, build_retriever
+from prorag.assembly import build_policy, build_retriever
 from prorag.data import Question, select_questions
 from prorag.judges.factory import build_judge
 from prorag.pipelines.reasonrag_data.params import ReasonRAGDataParams

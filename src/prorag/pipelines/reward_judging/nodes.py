@@ -11,14 +11,17 @@ from typing import Any
 
 import pandas as pd
 
-from prorag.agent import Rollout, build_policy, producing_policy
+from prorag.agent import Rollout, producing_policy
+from prorag.assembly import build_policy, build_scorer
+from prorag.data import Question
 from prorag.judges import StepVerdicts, detection_summary
 from prorag.metrics import search_behaviour
 from prorag.pipelines.reward_judging.params import RewardJudgingParams
 from prorag.protocol.registry import protocol_names
 from prorag.retrieval import RetrievalIndex
-from prorag.specs import PolicySpec, RewardSpec
-from prorag.training.process_rewards import ScoredBatch, build_scorer
+from prorag.rewards.base import RewardSettings
+from prorag.rewards.scoring import ScoredBatch
+from prorag.specs import PolicySpec
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +30,8 @@ SEARCH_RATES = ("osr", "usr", "unknown_rate", "search_ratio")
 
 
 def judge_trajectories(trajectory_records: list[dict[str, Any]], index: RetrievalIndex, params: RewardJudgingParams,
-                       reward: RewardSpec, policy: PolicySpec,
+                       reward: RewardSettings, policy: PolicySpec,
+                       question_records: list[dict[str, Any]] | None = None,
                        ) -> tuple[list[dict[str, Any]], pd.DataFrame, dict[str, Any]]:
     """Detect over-/under-search per step, then reward every agent trajectory with the ``reward`` block — the
     scorer RL trains with (HiPRAG eq. 1 and its ablations, or the multi-stage reward).
@@ -36,6 +40,8 @@ def judge_trajectories(trajectory_records: list[dict[str, Any]], index: Retrieva
     an SFT or RL trajectory is re-asked to the SFT or RL policy, §3.2); ``reward_judging.reask_policy``, when set,
     replaces it for every trajectory, and a trajectory with no recorded policy falls back to ``policy``. Each
     verdict record names its re-ask policy (``reask_policy``).
+
+    ``question_records`` (the indexed questions) give a reward that needs gold evidence its questions.
 
     Every trajectory of a registered protocol is judged, whatever the protocol; the single-shot baselines'
     records (direct, standard RAG) have no agent steps and are counted in the metrics as ``skipped_trajectories``.
@@ -46,7 +52,8 @@ def judge_trajectories(trajectory_records: list[dict[str, Any]], index: Retrieva
     rollouts = [item for item in map(Rollout.from_dict, trajectory_records) if item.protocol in protocols]
     if not rollouts:
         raise ValueError(f"no agent trajectory to judge (rollout.methods has no agent; protocols: {sorted(protocols)})")
-    scorer = build_scorer(reward, index, judge_for_metrics=True)  # evaluation always reports OSR/USR
+    questions = [Question.from_dict(record) for record in question_records or []]
+    scorer = build_scorer(reward, index, judge_for_metrics=True, questions=questions)  # always OSR/USR
     groups: dict[str, tuple[PolicySpec, list[int]]] = {}
     for position, rollout in enumerate(rollouts):
         reask = params.reask_policy or producing_policy(rollout) or policy
@@ -58,11 +65,11 @@ def judge_trajectories(trajectory_records: list[dict[str, Any]], index: Retrieva
         label = reask.model if reask.adapter is None else f"{reask.model} + {reask.adapter}"
         logger.info("re-asking %d trajectories' search queries to %s", len(positions), label)
         group = [rollouts[position] for position in positions]
-        scored = scorer.score(group, build_policy(reask), step=reward.stage_switch_step)
+        scored = scorer.score(group, build_policy(reask))  # step None: evaluation (a staged reward's last stage)
         for offset, position in enumerate(positions):
             scored_by_position[position] = (scored, offset)
             reask_labels[position] = label
-    components = tuple(scorer.settings.components)
+    components = tuple(scorer.components)
     rows, verdicts = [], []
     for position, item in enumerate(rollouts):
         scored, offset = scored_by_position[position]

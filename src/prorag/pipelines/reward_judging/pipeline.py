@@ -10,6 +10,7 @@ def create_pipeline(**kwargs: object) -> Pipeline:
     """Judge every trajectory's steps and compute its reward (namespace ``reward_judging``)."""
     return Pipeline([
         Node(judge_trajectories,
-             ["trajectories", "retrieval_index", "params:reward_judging", "params:reward", "params:policy"],
+             ["trajectories", "retrieval_index", "params:reward_judging", "params:reward", "params:policy",
+              "index_questions"],
              ["step_verdicts", "trajectory_rewards", "judge_metrics"], name="judge_trajectories"),
     ], namespace="reward_judging", prefix_datasets_with_namespace=False, tags=[tags.EVALUATION])

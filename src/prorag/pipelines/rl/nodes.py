@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from prorag.agent import build_retriever
+from prorag.assembly import build_retriever, build_scorer
 from prorag.data import Question, select_questions, warn_non_train_splits
 from prorag.pipelines.rl.params import RLParams
 from prorag.retrieval import RetrievalIndex
-from prorag.specs import PolicySpec, RewardSpec, TrainedAgentSpec, check_reward_protocol
+from prorag.rewards.base import RewardSettings
+from prorag.rewards.registry import check_reward_protocol
+from prorag.specs import PolicySpec, TrainedAgentSpec
 from prorag.tracking.callbacks import MlflowStepMetrics
-from prorag.training.process_rewards import build_scorer
 
 
 def select_rl_questions(question_records: list[dict[str, Any]], evaluation_records: list[dict[str, Any]],
@@ -30,7 +31,7 @@ def select_rl_questions(question_records: list[dict[str, Any]], evaluation_recor
 
 
 def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_adapter: str, params: RLParams,
-             policy: PolicySpec, agent: TrainedAgentSpec, reward: RewardSpec) -> tuple[str, list[dict[str, Any]]]:
+             policy: PolicySpec, agent: TrainedAgentSpec, reward: RewardSettings) -> tuple[str, list[dict[str, Any]]]:
     """GRPO on ``policy.model``: continuing the SFT adapter (``rl.init: sft``) or from the instruct model itself
     (``instruct``), as a LoRA adapter or with every parameter (``rl.lora: false``); returns the trained adapter (or
     full model) folder and the training log (one entry per step).
@@ -41,11 +42,11 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
     and the questions, so re-running the same configuration after an interruption resumes from its last
     checkpoint.
     """
-    from prorag.training.grpo import AgentRolloutFunction, PolicyServer, train_grpo_lora
+    from prorag.training.trl_grpo import AgentRolloutFunction, PolicyServer, train_grpo_lora
 
-    check_reward_protocol(reward, agent)
+    check_reward_protocol(reward, agent.protocol)
     questions = [Question.from_dict(record) for record in question_records]
-    scorer = build_scorer(reward, index, judge_for_metrics=params.judge_for_metrics)
+    scorer = build_scorer(reward, index, judge_for_metrics=params.judge_for_metrics, questions=questions)
     trainer = params.trainer
     rollout_function = AgentRolloutFunction(
         questions, build_retriever(params.retriever, index), scorer, agent, top_k=params.retriever.top_k,
@@ -64,7 +65,7 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
 
 def train_rl_from_instruct(question_records: list[dict[str, Any]], index: RetrievalIndex, params: RLParams,
                            policy: PolicySpec, agent: TrainedAgentSpec,
-                           reward: RewardSpec) -> tuple[str, list[dict[str, Any]]]:
+                           reward: RewardSettings) -> tuple[str, list[dict[str, Any]]]:
     """:func:`train_rl` from the instruct model itself, with no SFT adapter (``rl.init`` must be ``instruct``)."""
     if params.init != "instruct":
         raise ValueError("this pipeline trains from the instruct model (no SFT stage): set rl.init: instruct, or run "
@@ -73,7 +74,7 @@ def train_rl_from_instruct(question_records: list[dict[str, Any]], index: Retrie
 
 
 def run_fingerprint(params: RLParams, sft_adapter: str, questions: list[Question], policy: PolicySpec,
-                    agent: TrainedAgentSpec, reward: RewardSpec) -> str:
+                    agent: TrainedAgentSpec, reward: RewardSettings) -> str:
     """A short hash of everything that determines a training run (the checkpoint folder's name)."""
     payload = {"rl": params.model_dump(exclude={"trainer": {"resume"}, "policy_server": True}),
                "model": policy.model, "agent": agent.model_dump(exclude={"name"}), "reward": reward.model_dump(),

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from prorag.agent import Rollout, build_policy, build_retriever, build_runner, record_policy
+from prorag.agent import Rollout, build_runner, record_policy
+from prorag.assembly import build_policy, build_retriever
 from prorag.data import Question, select_questions
 from prorag.pipelines.rollout.params import QuestionSelection, RolloutParams
 from prorag.retrieval import RetrievalIndex

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prorag.agent import build_retriever
+from prorag.assembly import build_retriever
 from prorag.data import Question, select_questions, warn_non_train_splits
 from prorag.pipelines.compare.params import CompareParams
 from prorag.pipelines.rollout.nodes import pick_questions

@@ -6,7 +6,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from prorag.agent import build_policy, build_runner, record_policy
+from prorag.agent import build_runner, record_policy
+from prorag.assembly import build_policy
 from prorag.data import Question
 from prorag.kg.extraction import ExtractionSettings, extract_triplets
 from prorag.kg.graph import KnowledgeGraph
@@ -16,7 +17,7 @@ from prorag.pipelines.kg_extraction.params import KgExtractionParams
 from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.retrieval import RetrievalIndex
 from prorag.retrieval.base import Retriever
-from prorag.rewards.tearag import ProcessWeights, load_similarity
+from prorag.rewards.tearag import KnowledgeMatchingReward, KnowledgeMatchingSettings
 from prorag.specs import MethodSpec, PolicySpec
 from prorag.training.ip_dpo import IPDPOSettings, PairRules, QuestionMix, run_ip_dpo, select_question_mix
 from prorag.training.sft import build_sft_example, train_sft_lora
@@ -112,11 +113,12 @@ def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list
     cfg = params.ip_dpo
     settings = IPDPOSettings(
         rounds=cfg.rounds, samples_per_question=cfg.samples_per_question, top_k=params.retriever.top_k,
-        rules=PairRules(min_outcome=cfg.min_outcome, min_process=cfg.min_process, easy_max_f1=cfg.easy_max_f1),
-        weights=ProcessWeights(consistency=cfg.weight_consistency, subquery=cfg.weight_subquery,
-                               context=cfg.weight_context, summary=cfg.weight_summary))
+        rules=PairRules(min_outcome=cfg.min_outcome, min_process=cfg.min_process, easy_max_f1=cfg.easy_max_f1))
+    reward = KnowledgeMatchingReward(KnowledgeMatchingSettings(
+        similarity=cfg.similarity, weight_consistency=cfg.weight_consistency, weight_subquery=cfg.weight_subquery,
+        weight_context=cfg.weight_context, weight_summary=cfg.weight_summary))
     results = run_ip_dpo(policy.model, sft_adapter, questions, _kag_retriever(index, graph, kg, params),
-                         params.agent, cfg.sampling, load_similarity(cfg.similarity), settings, cfg.trainer,
+                         params.agent, cfg.sampling, reward, settings, cfg.trainer,
                          Path(tempfile.mkdtemp(prefix="prorag-ip-dpo-")), policy_batch_size=policy.batch_size,
                          dtype=policy.dtype,
                          callbacks=lambda round_index: [MlflowStepMetrics(f"tearag_dpo_round{round_index}")])

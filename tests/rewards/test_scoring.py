@@ -16,9 +16,11 @@ from prorag.retrieval.bm25 import BM25Retriever
 from prorag.retrieval.embedder import load_embedder
 from prorag.retrieval.store import PassageStore
 from prorag.rewards import count_optimal
+from prorag.rewards.diagnostics import process_shaped_groups
+from prorag.rewards.multistage import answers_correct
+from prorag.rewards.registry import build_reward
+from prorag.rewards.scoring import RolloutScorer, batch_stats
 from prorag.testing import ScriptedModel
-from prorag.training.grpo import process_shaped_groups
-from prorag.training.process_rewards import RewardSettings, RolloutScorer, batch_stats
 
 PASSAGES = [
     Passage("p1", "Steven Spielberg", "Steven Allan Spielberg is an American filmmaker born in Cincinnati, Ohio."),
@@ -52,6 +54,11 @@ ROLLOUTS = [
 ]
 
 
+def _scorer(entry: dict, judge=None, **options) -> RolloutScorer:
+    """The scorer of a reward entry, with ``judge`` for both detectors."""
+    return RolloutScorer(build_reward(entry), over_judge=judge, under_judge=judge, **options)
+
+
 @pytest.fixture(scope="module")
 def policy(one_torch_thread) -> TransformersGenerator:
     return TransformersGenerator(BUNDLED_TINY_LLAMA, batch_size=4)
@@ -63,7 +70,7 @@ def judge() -> ReferenceJudge:
 
 
 def test_search_r1_needs_no_judge_and_has_no_process_term(policy):
-    scored = RolloutScorer(RewardSettings(method="search_r1")).score(ROLLOUTS, policy)
+    scored = RolloutScorer(build_reward({"kind": "search_r1"})).score(ROLLOUTS, policy)
     assert scored.verdicts is None
     assert scored.components["process"] == [0.0, 0.0, 0.0]
     assert scored.totals == pytest.approx([0.8 + 0.2, 0.0, 0.2])
@@ -71,7 +78,7 @@ def test_search_r1_needs_no_judge_and_has_no_process_term(policy):
 
 
 def test_hiprag_adds_the_process_bonus_of_the_optimal_steps(policy, judge):
-    scored = RolloutScorer(RewardSettings(method="hiprag"), judge, judge).score(ROLLOUTS, policy)
+    scored = _scorer({"kind": "hiprag"}, judge).score(ROLLOUTS, policy)
     assert scored.verdicts is not None
     optimal = count_optimal(scored.verdicts[0], "both")
     assert optimal.n_steps == 3
@@ -82,8 +89,8 @@ def test_hiprag_adds_the_process_bonus_of_the_optimal_steps(policy, judge):
 
 
 def test_ablations_check_one_step_kind(policy, judge):
-    over = RolloutScorer(RewardSettings(method="over_only"), judge, judge).score(ROLLOUTS, policy)
-    under = RolloutScorer(RewardSettings(method="under_only"), judge, judge).score(ROLLOUTS, policy)
+    over = _scorer({"kind": "hiprag", "check": "over_only"}, judge).score(ROLLOUTS, policy)
+    under = _scorer({"kind": "hiprag", "check": "under_only"}, judge).score(ROLLOUTS, policy)
     assert over.stats["usr"][1] == 0 and over.stats["osr"][1] == 2  # only the search steps were judged
     assert under.stats["osr"][1] == 0 and under.stats["usr"][1] == 2
 
@@ -94,10 +101,10 @@ def test_a_judge_outage_gives_unknown_verdicts_and_no_bonus(policy):
         port = probe.getsockname()[1]
     dead = LLMJudge(f"http://127.0.0.1:{port}/v1", "judge", None, timeout=2.0, max_retries=0)
     try:
-        scored = RolloutScorer(RewardSettings(method="hiprag"), dead, dead).score(ROLLOUTS, policy)
+        scored = _scorer({"kind": "hiprag"}, dead).score(ROLLOUTS, policy)
     finally:
         dead.close()
-    baseline = RolloutScorer(RewardSettings(method="search_r1")).score(ROLLOUTS, policy)
+    baseline = RolloutScorer(build_reward({"kind": "search_r1"})).score(ROLLOUTS, policy)
     assert scored.components["process"] == [0.0, 0.0, 0.0]
     assert scored.totals == pytest.approx(baseline.totals)
     unknown, checked = scored.stats["unknown_rate"]
@@ -107,15 +114,15 @@ def test_a_judge_outage_gives_unknown_verdicts_and_no_bonus(policy):
 
 def test_hierarchical_methods_refuse_to_run_without_judges():
     with pytest.raises(ValueError, match="needs an over-search and an under-search judge"):
-        RolloutScorer(RewardSettings(method="hiprag"))
-    with pytest.raises(ValueError, match="reward method"):
-        RewardSettings(method="best")  # type: ignore[arg-type]
+        RolloutScorer(build_reward({"kind": "hiprag"}))
+    with pytest.raises(ValueError, match="unknown reward kind 'best'"):
+        build_reward({"kind": "best"})
 
 
 def test_multistage_switches_stage_at_the_configured_step(policy):
     with pytest.raises(ValueError, match="needs embed"):
-        RolloutScorer(RewardSettings(method="multistage"))
-    scorer = RolloutScorer(RewardSettings(method="multistage", stage_switch_step=3, beta=0.3),
+        RolloutScorer(build_reward({"kind": "multistage"}))
+    scorer = RolloutScorer(build_reward({"kind": "multistage", "stage_switch_step": 3, "beta": 0.3}),
                            embed=load_embedder("hashing:64").encode_queries)
     stage1 = scorer.score(ROLLOUTS[:1], policy, step=2)
     stage2 = scorer.score(ROLLOUTS[:1], policy, step=3)
@@ -156,20 +163,19 @@ LUCKY = _rollout("lucky", [_step("non_search", "The director of Jaws was born in
 def test_bonus_fired_is_the_eq1_gate_in_both_arms_whatever_lambda_p(policy, judge_kwargs, fired):
     judge = FixedJudge(**judge_kwargs)
     batch = [*ROLLOUTS, LUCKY]  # correct + well-formed, broken format, wrong answer, correct with one step
-    hiprag = RolloutScorer(RewardSettings(method="hiprag"), judge, judge).score(batch, policy)
-    search_r1 = RolloutScorer(RewardSettings(method="search_r1", judge_for_metrics=True), judge, judge).score(
-        batch, policy)
+    hiprag = RolloutScorer(build_reward({"kind": "hiprag"}), over_judge=judge, under_judge=judge).score(batch, policy)
+    search_r1 = RolloutScorer(build_reward({"kind": "search_r1"}), over_judge=judge, under_judge=judge,
+                              judge_for_metrics=True).score(batch, policy)
     for scored in (hiprag, search_r1):
         assert scored.bonus_fired == fired
         assert scored.stats["bonus_fired"] == (float(sum(fired)), 4.0)
     assert [process > 0 for process in hiprag.components["process"]] == fired  # λp = 0.4 pays where it fires
     assert search_r1.components["process"] == [0.0] * 4  # λp = 0: it would have fired, nothing paid
-    shaped = process_shaped_groups(hiprag, RewardSettings(method="hiprag"), 4, "group")
+    shaped = process_shaped_groups(hiprag, build_reward({"kind": "hiprag"}), 4, "group")
     assert shaped == (float(any(fired)), 1.0)  # correct, malformed, wrong but well-formed: three reward levels
     # λp = 0 scores no N_corr; the statistic counts it from the verdicts and reports what λp = 0.4 would change
-    assert process_shaped_groups(search_r1, RewardSettings(method="search_r1", judge_for_metrics=True), 4,
-                                 "group") == shaped
-    plain = RolloutScorer(RewardSettings(method="search_r1")).score(batch, policy)
+    assert process_shaped_groups(search_r1, build_reward({"kind": "search_r1"}), 4, "group") == shaped
+    plain = RolloutScorer(build_reward({"kind": "search_r1"})).score(batch, policy)
     assert plain.bonus_fired is None and "bonus_fired" not in plain.stats  # no detection, no gate to measure
 
 
@@ -199,11 +205,11 @@ def test_multistage_answers_are_judged_by_the_llm_judge_and_unknown_is_never_cor
     url, stop = serve_in_thread(create_app(AnswerJudgeModel(), "judge", max_batch_size=8, batch_wait_ms=2))
     try:
         with LLMJudge(url, "judge", "EMPTY", max_retries=0) as judge:
-            scorer = RolloutScorer(RewardSettings(method="multistage", stage_switch_step=1),
+            scorer = RolloutScorer(build_reward({"kind": "multistage", "stage_switch_step": 1}),
                                    embed=load_embedder("hashing:64").encode_queries, answer_judge=judge)
             unsure = _rollout("unsure", ROLLOUTS[0].steps, "a city in Ohio")  # CEM would also say wrong
             batch = [ROLLOUTS[0], ROLLOUTS[2], unsure, ROLLOUTS[1]]  # correct, wrong, unparsable verdict, no answer
-            assert scorer.answers_correct(batch) == [True, False, None, False]
+            assert answers_correct(batch, judge) == [True, False, None, False]
             stage1, stage2 = scorer.score(batch, policy, step=0), scorer.score(batch, policy, step=1)
     finally:
         stop()
@@ -216,9 +222,8 @@ def test_multistage_answers_are_judged_by_the_llm_judge_and_unknown_is_never_cor
 
 
 def test_stage_switch_zero_is_the_stage_two_only_ablation_and_says_so(caplog):
-    settings = RewardSettings(method="multistage", stage_switch_step=0)
-    assert settings.stage(0) == 2
-    assert RewardSettings(method="multistage").stage(0) == 1  # the default switches after a stage-1 step
     with caplog.at_level("WARNING"):
-        RolloutScorer(settings, embed=load_embedder("hashing:64").encode_queries)
+        reward = build_reward({"kind": "multistage", "stage_switch_step": 0})
+    assert reward.stage(0) == 2 and reward.stage(None) == 2  # evaluation: stage 2
+    assert build_reward({"kind": "multistage"}).stage(0) == 1  # the default switches after a stage-1 step
     assert "w/o stage one" in caplog.text

@@ -6,7 +6,7 @@
   *current* policy, in-process. It returns the exact prompt ids, the completion ids (generated and inserted
   segments), the sampler's log-probabilities (0 for inserted tokens) and ``env_mask`` (1 for generated tokens,
   0 for inserted ones: retrieved ``<context>`` and the engine's tags stay out of the loss). The batch is then
-  scored with :class:`~prorag.training.process_rewards.RolloutScorer` while the same policy is unwrapped, so
+  scored with :class:`~prorag.rewards.scoring.RolloutScorer` while the same policy is unwrapped, so
   over-search re-asks use the current policy; the reward components travel to TRL as extra fields.
   With a :class:`PolicyServer` the same rollouts and re-asks go through an OpenAI-compatible server instead
   (``trl vllm-serve``): :func:`build_grpo_trainer` then turns on TRL's vLLM server mode, which pushes the
@@ -15,7 +15,8 @@
   logs each one's mean and std.
 * :class:`AgentGRPOTrainer` adds the agent statistics (format rate, CEM, OSR, USR, search ratio, retrievals,
   unknown-judge rate, tokens, ``bonus_fired``: the share of rollouts whose process bonus fired, ``process_shaped``:
-  the share of groups whose advantages the process term changes, :func:`process_shaped_groups`) to TRL's logged
+  the share of groups whose advantages the process term changes,
+  :func:`~prorag.rewards.diagnostics.process_shaped_groups`) to TRL's logged
   metrics, summed over processes before the ratio is taken, and DAPO's dynamic sampling filter when
   ``drop_uniform_groups`` is set (TRL 1.16 has none): groups whose rewards are all equal are removed from the loss
   and its token normalizer, and ``dapo/dropped_group_fraction`` says how many. DAPO's refill (``refill_rounds``)
@@ -31,14 +32,12 @@ import contextlib
 import json
 import logging
 import os
-import random
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import numpy as np
 import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.import_utils import is_vllm_available
@@ -48,21 +47,20 @@ from prorag.agent.runner import build_engine
 from prorag.llm.generation import Generator
 from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
 from prorag.llm.transformers_backend import TransformersGenerator
-from prorag.metrics.qa import cover_exact_match
-from prorag.rewards import count_optimal
+from prorag.rewards.diagnostics import process_shaped_groups
+from prorag.rewards.scoring import Ratio
 from prorag.specs import AgentSpec, SamplingSpec
 from prorag.training.config import GRPOSettings
-from prorag.training.process_rewards import Ratio, RewardSettings, ScoredBatch, batch_stats
+from prorag.training.dapo import refill_uniform_groups
 from prorag.training.trl_private import GRPOTrainerHooks
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
-    from prorag.agent.engine import RolloutEngine
     from prorag.agent.trajectory import Rollout
     from prorag.data.records import Question
     from prorag.retrieval.base import Retriever
-    from prorag.training.process_rewards import RolloutScorer
+    from prorag.rewards.scoring import RolloutScorer
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +135,7 @@ class AgentRolloutFunction:
 
     @property
     def reward_components(self) -> tuple[str, ...]:
-        return self.scorer.settings.components
+        return self.scorer.components
 
     def __call__(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
         questions = [self._question(prompt) for prompt in prompts]
@@ -149,9 +147,13 @@ class AgentRolloutFunction:
             rollouts = engine.run(questions)
             scored = self.scorer.score(rollouts, generator, step=step)
             if self.refill_rounds:
-                rollouts, scored = self._refill(questions, rollouts, scored, engine, generator, trainer, seed)
+                refill = refill_uniform_groups(
+                    questions, rollouts, scored, pool=list(self._questions.values()),
+                    size=int(trainer.num_generations), rounds=self.refill_rounds, seed=seed, roll_out=engine.run,
+                    score=lambda batch: self.scorer.score(batch, generator, step=step))
+                rollouts, scored, self.last_refill = refill.rollouts, refill.scored, refill.metrics
         if isinstance(trainer, AgentGRPOTrainer):
-            shaped = process_shaped_groups(scored, self.scorer.settings, int(trainer.num_generations),
+            shaped = process_shaped_groups(scored, self.scorer.reward, int(trainer.num_generations),
                                            str(trainer.scale_rewards))
             trainer.record_rollout_stats({**scored.stats, **({"process_shaped": shaped} if shaped else {})})
             for name, value in self.last_refill.items():
@@ -165,71 +167,6 @@ class AgentRolloutFunction:
             "env_mask": [mask for _, _, mask in completions],
             **{REWARD_FIELD_PREFIX + name: values for name, values in scored.components.items()},
         }
-
-    def _refill(self, questions: list[Question], rollouts: list[Rollout], scored: ScoredBatch, engine: RolloutEngine,
-                generator: Generator, trainer: GRPOTrainer, seed: int) -> tuple[list[Rollout], ScoredBatch]:
-        """DAPO's dynamic sampling with refill: a group whose rewards are all equal has zero advantage and teaches
-        nothing, so it is replaced by the group of a newly drawn training question (not in the batch), for up to
-        ``refill_rounds`` rounds; what is still uniform then is left to ``drop_uniform_groups``.
-
-        The groups are TRL's: ``num_generations`` consecutive copies of one prompt. A local batch that is not whole
-        groups is left as it is (logged). The returned statistics (``bonus_fired`` and the multi-stage answer
-        statistics included) describe the final, refilled batch.
-        """
-        size = int(trainer.num_generations)
-        groups = len(questions) // size
-        if len(questions) % size or any(len({q.key for q in questions[g * size:(g + 1) * size]}) != 1
-                                        for g in range(groups)):
-            logger.warning("DAPO refill skipped: %d local prompts are not whole groups of %d", len(questions), size)
-            return rollouts, scored
-        rng = random.Random(seed)
-        pool = list(self._questions.values())
-        rollouts, totals = list(rollouts), list(scored.totals)
-        components = {name: list(values) for name, values in scored.components.items()}
-        # what else is per rollout travels with it, so the statistics describe the final batch
-        per_rollout: dict[str, list[Any] | None] = {
-            name: list(values) if values is not None and len(values) == len(rollouts) else None
-            for name, values in (("verdicts", scored.verdicts), ("optimal", scored.optimal),
-                                 ("bonus_fired", scored.bonus_fired), ("answer_correct", scored.answer_correct))}
-        uniform_at_start = refilled = rounds = 0
-        tried: set[str] = set()  # a question whose group was drawn once is not drawn again for this batch
-        for round_index in range(self.refill_rounds + 1):
-            uniform = uniform_groups(totals, size)
-            if round_index == 0:
-                uniform_at_start = len(uniform)
-            tried.update(rollout.question_key for rollout in rollouts)
-            candidates = [question for question in pool if question.key not in tried]
-            if not uniform or round_index == self.refill_rounds or not candidates:
-                break
-            rounds += 1
-            drawn = rng.sample(candidates, min(len(uniform), len(candidates)))
-            uniform = uniform[:len(drawn)]
-            new_questions = [question for question in drawn for _ in range(size)]
-            new_rollouts = engine.run(new_questions)
-            new_scored = self.scorer.score(new_rollouts, generator, step=int(trainer.state.global_step))
-            for slot, group in enumerate(uniform):
-                for offset in range(size):
-                    target, source = group * size + offset, slot * size + offset
-                    rollouts[target] = new_rollouts[source]
-                    totals[target] = new_scored.totals[source]
-                    for name in components:
-                        components[name][target] = new_scored.components[name][source]
-                    for name, values in per_rollout.items():
-                        new_values = getattr(new_scored, name)
-                        if values is not None:
-                            values[target] = (new_values[source] if new_values is not None
-                                              and source < len(new_values) else None)
-            refilled += len(uniform)
-        self.last_refill = {"dapo/uniform_groups_drawn": float(uniform_at_start),
-                            "dapo/refilled_groups": float(refilled), "dapo/refill_rounds": float(rounds),
-                            "dapo/uniform_groups_left": float(len(uniform_groups(totals, size)))}
-        verdicts, optimal = per_rollout["verdicts"], per_rollout["optimal"]
-        bonus_fired, answer_correct = per_rollout["bonus_fired"], per_rollout["answer_correct"]
-        stats = {**scored.stats, **batch_stats(rollouts, verdicts, bonus_fired=bonus_fired,
-                                               answer_correct=answer_correct, stage=scored.stage)}
-        return rollouts, ScoredBatch(components, totals, stats, verdicts,
-                                     optimal if optimal is not None else [None] * len(rollouts), bonus_fired,
-                                     answer_correct, scored.stage)
 
     @contextlib.contextmanager
     def _policy(self, trainer: GRPOTrainer) -> Iterator[Generator]:
@@ -250,99 +187,6 @@ class AgentRolloutFunction:
         if text is None or text not in self._questions:
             raise KeyError(f"prompt {str(prompt)[:80]!r} is not one of the rollout function's training questions")
         return self._questions[text]
-
-
-def uniform_groups(totals: Sequence[float], size: int) -> list[int]:
-    """Indices of the consecutive groups of ``size`` rewards whose rewards are all equal (zero advantage)."""
-    return [group for group in range(len(totals) // size)
-            if max(totals[group * size:(group + 1) * size]) - min(totals[group * size:(group + 1) * size]) < 1e-8]
-
-
-def grpo_advantages(rewards: Sequence[float], size: int, scale_rewards: str) -> np.ndarray:
-    """TRL's GRPO advantages for consecutive groups of ``size``: reward minus its group mean, divided by the
-    group's (``group``) or the batch's (``batch``) standard deviation + 1e-4, or not divided (``none``)."""
-    values = np.asarray(rewards, dtype=np.float64)[: len(rewards) // size * size].reshape(-1, size)
-    centred = values - values.mean(axis=1, keepdims=True)
-    if scale_rewards == "none":
-        return centred.ravel()
-    spread = (values.std(axis=1, ddof=1, keepdims=True) if scale_rewards == "group"
-              else np.full((len(values), 1), values.std(ddof=1) if values.size > 1 else 0.0))
-    return (centred / (spread + 1e-4)).ravel()
-
-
-def process_shaped_groups(scored: ScoredBatch, settings: RewardSettings, size: int, scale_rewards: str,
-                          reference_lambda_p: float = 0.4, tolerance: float = 1e-3) -> Ratio | None:
-    """Groups whose GRPO advantages eq. 1's process term ``λp·A·F·N_corr/N`` changes, out of all groups.
-
-    "The bonus fired" is not enough for HiPRAG's reward to teach something Search-R1's does not: when every
-    correct rollout of a group has the same ``N_corr/N`` and the rest share one reward, the process term is an
-    affine map of the outcome + format reward within the group, and the group-normalized advantages are the
-    same (up to the 1e-4 in the denominator). This counts the groups where they differ by more than
-    ``tolerance``, comparing the reward with and without the term. A λp = 0 (Search-R1) run uses
-    ``reference_lambda_p`` (the paper's 0.4), so it reports what HiPRAG's term *would* have changed. None for
-    the multi-stage reward and when detection did not run; a group with a rollout whose gate is unknown is left
-    out, and so is a batch that is not whole groups (``(0, 0)``).
-    """
-    if settings.method == "multistage" or scored.bonus_fired is None:
-        return None
-    count = len(scored.totals)
-    if count % size or len(scored.bonus_fired) != count or len(scored.optimal) != count:
-        return 0.0, 0.0
-    counts = list(scored.optimal)
-    if scored.verdicts is not None and len(scored.verdicts) == count:  # λp = 0 scores no N_corr: count it here
-        counts = [optimal if optimal is not None or not fired else count_optimal(verdicts, settings.detection_mode)
-                  for optimal, fired, verdicts in zip(counts, scored.bonus_fired, scored.verdicts, strict=True)]
-    terms = [float("nan") if fired is None or (fired and optimal is None)
-             else optimal.n_optimal / optimal.n_steps if fired and optimal is not None else 0.0
-             for fired, optimal in zip(scored.bonus_fired, counts, strict=True)]
-    lambda_p = settings.effective_lambda_p or reference_lambda_p
-    without = np.asarray(scored.totals) - np.asarray(scored.components.get("process", [0.0] * count))
-    with_term = without + lambda_p * np.asarray(terms)
-    known = ~np.isnan(with_term.reshape(-1, size)).any(axis=1)
-    if scale_rewards == "batch" and not known.all():  # one unknown term makes the batch's spread unknown
-        return 0.0, 0.0
-    difference = np.abs(grpo_advantages(with_term, size, scale_rewards)
-                        - grpo_advantages(without, size, scale_rewards)).reshape(-1, size)
-    shaped = (difference[known].max(axis=1) > tolerance).sum() if known.any() else 0
-    return float(shaped), float(known.sum())
-
-
-def probe_groups(questions: Sequence[Question], generator: Generator, retriever: Retriever, scorer: RolloutScorer,
-                 agent: AgentSpec, *, group_sizes: Sequence[int], top_k: int = 3, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0, scale_rewards: str = "group") -> list[dict[str, float]]:
-    """What a GRPO configuration's first step would see, without training: ``max(group_sizes)`` rollouts per
-    question from the starting policy, sampled and scored as :class:`AgentRolloutFunction` does, then cut into
-    groups of each size (a group of ``g`` is the first ``g`` samples of each question's group: i.i.d. samples).
-
-    Per group size: ``groups``; ``cem`` and ``bonus_fired`` over rollouts; ``uniform_groups`` (all rewards equal:
-    no gradient); ``process_shaped`` (:func:`process_shaped_groups`: groups whose advantages eq. 1's process term
-    changes; NaN when not measurable). Sizes a HiPRAG vs Search-R1 run before paying for it.
-    """
-    sizes = sorted(set(group_sizes))
-    if not sizes or sizes[0] < 2:
-        raise ValueError(f"group sizes must be >= 2 (GRPO needs two samples to compare), got {list(group_sizes)}")
-    largest = sizes[-1]
-    engine = build_engine(agent, generator, retriever, top_k=top_k, progress=True,
-                          sampling=SamplingSpec(temperature=temperature, top_p=top_p, seed=seed))
-    rollouts = engine.run([question for question in questions for _ in range(largest)])
-    scored = scorer.score(rollouts, generator, step=0)
-    results = []
-    for size in sizes:
-        keep = [index for index in range(len(rollouts)) if index % largest < size]
-        subset = ScoredBatch({name: [values[i] for i in keep] for name, values in scored.components.items()},
-                             [scored.totals[i] for i in keep], {},
-                             [scored.verdicts[i] for i in keep] if scored.verdicts is not None else None,
-                             [scored.optimal[i] for i in keep] if len(scored.optimal) == len(rollouts) else [],
-                             [scored.bonus_fired[i] for i in keep] if scored.bonus_fired is not None else None)
-        shaped = process_shaped_groups(subset, scorer.settings, size, scale_rewards)
-        fired = subset.bonus_fired or []
-        results.append({
-            "group_size": float(size), "groups": float(len(questions)), "rollouts": float(len(keep)),
-            "cem": float(np.mean([cover_exact_match(rollouts[i].answer, rollouts[i].golden_answers) for i in keep])),
-            "bonus_fired": float(np.mean([value is True for value in fired])) if fired else float("nan"),
-            "uniform_groups": len(uniform_groups(subset.totals, size)) / len(questions),
-            "process_shaped": shaped[0] / shaped[1] if shaped and shaped[1] else float("nan")})
-    return results
 
 
 def _completion_arrays(rollout: Rollout) -> tuple[list[int], list[float], list[int]]:

@@ -1,0 +1,69 @@
+"""The composition root: specs in, objects out — the policy, a retriever, a judge, a reward's scorer.
+
+Nodes, experiments and training backends build what they run here and nowhere else, so a spec is turned into an
+object in one place (the library packages below never assemble each other's objects).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prorag.judges.factory import build_judge
+from prorag.llm.factory import build_generator
+from prorag.rewards.registry import build_reward
+from prorag.rewards.scoring import RolloutScorer
+
+if TYPE_CHECKING:
+    from prorag.data.records import Question
+    from prorag.judges.base import Judge
+    from prorag.llm.generation import Generator
+    from prorag.retrieval.base import Retriever
+    from prorag.retrieval.index import RetrievalIndex
+    from prorag.rewards.base import RewardSettings
+    from prorag.specs import JudgeSpec, PolicySpec, RetrieverSpec
+
+
+def build_policy(policy: PolicySpec) -> Generator:
+    """The policy's generator (in-process transformers with the adapter merged, or an OpenAI-compatible server)."""
+    return build_generator(policy.model, backend=policy.backend, adapter=policy.adapter, dtype=policy.dtype,
+                           batch_size=policy.batch_size, base_url=policy.base_url, api_key_env=policy.api_key_env)
+
+
+def build_retriever(spec: RetrieverSpec, index: RetrievalIndex) -> Retriever:
+    """A retrieval server's client when ``spec.retrieval_url`` is set, else the index's ``spec.kind`` retriever."""
+    if spec.retrieval_url:
+        from prorag.retrieval.client import RetrievalClient
+
+        return RetrievalClient(spec.retrieval_url)
+    return index.retriever(spec.kind)
+
+
+def build_judge_from_spec(spec: JudgeSpec, retriever: Retriever | None = None) -> Judge:
+    """The judge of a :class:`~prorag.specs.JudgeSpec` (the reference judge grounds with ``retriever``)."""
+    return build_judge(**spec.model_dump(), retriever=retriever)
+
+
+def build_scorer(reward: RewardSettings | Mapping[str, Any], index: RetrievalIndex | None = None, *,
+                 judge_for_metrics: bool = False, questions: Sequence[Question] = ()) -> RolloutScorer:
+    """The scorer of a reward entry: the registered reward and what it needs — detection judges (the reference judge
+    grounds with ``judge_retriever`` over ``index``), the index's query embedder, an answer judge, the questions'
+    gold evidence. ``judge_for_metrics`` runs detection for OSR/USR even when the reward does not need it. ``index``
+    may be None for a reward that needs neither detection nor an embedder."""
+    scoring = build_reward(reward)
+    settings = scoring.settings
+    needs = scoring.needs
+    if index is None and (needs.detection or judge_for_metrics or needs.embedder):
+        raise ValueError(f"reward {scoring.kind!r} needs the retrieval index (its judges' retriever or embedder)")
+    over_judge = under_judge = None
+    if needs.detection or judge_for_metrics:
+        retriever = index.retriever(settings.judge_retriever)  # type: ignore[union-attr]
+        over_judge = build_judge_from_spec(settings.over_search_judge, retriever)
+        under_judge = build_judge_from_spec(settings.under_search_judge, retriever)
+    answer_spec = getattr(settings, "answer_judge", None)
+    answer_judge = (build_judge_from_spec(answer_spec) if needs.answer_judge and answer_spec is not None
+                    and answer_spec.kind == "llm" else None)
+    embed = index.embedder.encode_queries if needs.embedder and index is not None else None
+    return RolloutScorer(scoring, over_judge=over_judge, under_judge=under_judge, embed=embed,
+                         answer_judge=answer_judge, judge_for_metrics=judge_for_metrics,
+                         questions={question.key: question for question in questions})

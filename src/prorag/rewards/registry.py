@@ -1,0 +1,120 @@
+"""Rewards by kind: the built-in ones are listed here once; a user's reward is added with :func:`register_reward`
+(no scorer, trainer, pipeline or compare code changes), as a protocol is added with
+:func:`prorag.protocol.registry.register_protocol`.
+
+A ``reward`` entry of conf is validated by :data:`RewardSpec`: its ``kind`` picks the registered class, whose own
+``Settings`` then validate the rest (an unknown key names the closest valid one).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Mapping
+from typing import Annotated, Any, Final
+
+from pydantic import SerializeAsAny, ValidationError, WrapValidator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from prorag.rewards.base import Reward, RewardSettings
+
+DEFAULT_REWARD: Final = "hiprag"
+
+# The built-in rewards, imported on first use: "module:attribute" of each reward class.
+_BUILTIN: Final[dict[str, str]] = {
+    "hiprag": "prorag.rewards.hiprag:HiPRAGReward",
+    "search_r1": "prorag.rewards.hiprag:SearchR1Reward",
+    "multistage": "prorag.rewards.multistage:MultistageReward",
+    "knowledge_matching": "prorag.rewards.tearag:KnowledgeMatchingReward",
+}
+
+_registered: dict[str, type[Reward]] = {}
+
+
+class UnknownRewardError(ValueError):
+    """A reward kind that is neither built in nor registered."""
+
+
+def register_reward(reward: type[Reward], *, replace: bool = False) -> type[Reward]:
+    """Make ``reward`` available under its ``kind``; usable as a class decorator."""
+    kind = getattr(reward, "kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"a reward class needs a non-empty `kind`, got {kind!r} on {reward!r}")
+    if not (isinstance(reward, type) and issubclass(reward, Reward)):
+        raise TypeError(f"{reward!r} is not a prorag.rewards.base.Reward subclass")
+    if reward.Settings.model_fields["kind"].default != kind:
+        raise ValueError(f"reward {kind!r}: its Settings need `kind: Literal[{kind!r}] = {kind!r}`")
+    if not replace and (kind in _registered or kind in _BUILTIN):
+        raise ValueError(f"reward {kind!r} is already registered (pass replace=True to override it)")
+    _registered[kind] = reward
+    return reward
+
+
+def unregister_reward(kind: str) -> None:
+    """Remove a reward added with :func:`register_reward` (built-ins stay)."""
+    _registered.pop(kind, None)
+
+
+def reward_kinds() -> list[str]:
+    """Every reward kind :func:`reward_class` accepts."""
+    return sorted({*_BUILTIN, *_registered})
+
+
+def reward_class(kind: str) -> type[Reward]:
+    """The reward class registered as ``kind``."""
+    if kind in _registered:
+        return _registered[kind]
+    target = _BUILTIN.get(kind)
+    if target is None:
+        close = difflib.get_close_matches(str(kind), reward_kinds(), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UnknownRewardError(f"unknown reward kind {kind!r}{hint} (known: {', '.join(reward_kinds())})")
+    module, attribute = target.split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def reward_settings(values: Mapping[str, Any] | RewardSettings) -> RewardSettings:
+    """A reward entry validated by its kind's settings (``kind`` defaults to ``hiprag``)."""
+    if isinstance(values, RewardSettings):
+        return values
+    return RewardSettings.model_validate(dict(values))
+
+
+def build_reward(settings: RewardSettings | Mapping[str, Any]) -> Reward:
+    """The reward of a (validated or raw) reward entry."""
+    settings = reward_settings(settings)
+    return reward_class(settings.kind)(settings)
+
+
+def _validate(value: Any, handler: Any) -> RewardSettings:
+    if isinstance(value, RewardSettings):
+        return value
+    if not isinstance(value, Mapping):
+        raise PydanticCustomError("reward_type", "a reward entry must be a mapping with a `kind`")
+    try:
+        return reward_settings(value)
+    except ValidationError as error:  # re-raised with its locations, so errors name reward.<key>
+        raise ValidationError.from_exception_data(error.title, [
+            InitErrorDetails(type=PydanticCustomError(item["type"], item["msg"], item.get("ctx")),  # type: ignore[typeddict-item]
+                             loc=item["loc"], input=item.get("input")) for item in error.errors()]) from None
+    except ValueError as error:
+        raise PydanticCustomError("reward_kind", str(error)) from None
+
+
+RewardSpec = Annotated[SerializeAsAny[RewardSettings], WrapValidator(_validate)]
+"""The type of a ``reward`` entry in a parameter schema: validated by the settings of its kind's reward."""
+
+
+def check_reward_protocol(reward: RewardSettings, protocol: str) -> None:
+    """The reward can score the protocol's trajectories: a reward that checks its own protocol's format (the
+    multi-stage reward) goes with that protocol, and only with it."""
+    cls = reward_class(reward.kind)
+    if cls.protocols is not None and protocol not in cls.protocols:
+        raise ValueError(f"reward {reward.kind!r} scores the {', '.join(cls.protocols)} protocol(s), not "
+                         f"{protocol!r}")
+    if cls.protocols is None:
+        claimed = {name: kind for kind in reward_kinds() for name in (reward_class(kind).protocols or ())
+                   if reward_class(kind).claims_protocols}
+        if protocol in claimed:
+            raise ValueError(f"protocol {protocol!r} goes with the {claimed[protocol]!r} reward only (it checks "
+                             f"that protocol's format), not with {reward.kind!r}")
