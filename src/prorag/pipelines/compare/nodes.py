@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from prorag.agent import Rollout, build_policy, build_retriever, build_runner, record_policy
 from prorag.data import Question
 from prorag.judges.factory import build_judge
+from prorag.kg.kag import attach_knowledge_graph
 from prorag.pipelines.compare.params import CompareArm, CompareParams
 from prorag.pipelines.kg_extraction.params import KgExtractionParams
 from prorag.pipelines.rollout.nodes import pick_questions
@@ -67,7 +68,7 @@ def run_compare_rollouts(question_records: list[dict[str, Any]], index: Retrieva
         rows.append(_arm_row(arm, "ran", "", version=version))
     if KNOWLEDGE_GRAPH in artifacts and artifacts[KNOWLEDGE_GRAPH]["data"] is not None and any(
             spec.kind.startswith("kag") for *_, spec in plans):
-        index.attach_knowledge_graph(artifacts[KNOWLEDGE_GRAPH]["data"], kg.kag.settings())
+        attach_knowledge_graph(index, artifacts[KNOWLEDGE_GRAPH]["data"], kg.kag.settings())
     records: list[dict[str, Any]] = []
     # arms that share a policy run back to back, so each policy is loaded once
     plans.sort(key=lambda plan: json.dumps(plan[2].model_dump(), sort_keys=True))

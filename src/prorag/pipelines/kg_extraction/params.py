@@ -8,10 +8,10 @@ from pydantic import Field
 
 from prorag.config import StrictModel
 from prorag.kg.extraction import ExtractionSettings
+from prorag.kg.kag import KagSettings
 from prorag.llm.factory import build_generator
 from prorag.llm.generation import Generator
 from prorag.llm.registry import BUNDLED_SMOLLM2
-from prorag.retrieval.kag import KagSettings
 from prorag.specs import Dtype, PositiveInt, Seed
 
 

@@ -10,6 +10,7 @@ from prorag.agent import build_policy, build_runner, record_policy
 from prorag.data import Question
 from prorag.kg.extraction import ExtractionSettings, extract_triplets
 from prorag.kg.graph import KnowledgeGraph
+from prorag.kg.kag import attach_knowledge_graph
 from prorag.llm.factory import build_generator
 from prorag.llm.registry import load_tokenizer
 from prorag.pipelines.kg_extraction.params import KgExtractionParams
@@ -35,7 +36,7 @@ def _questions(records: list[dict[str, Any]]) -> list[Question]:
 
 def _kag_retriever(index: RetrievalIndex, graph: KnowledgeGraph, kg: KgExtractionParams,
                    params: TeaRAGParams) -> Retriever:
-    index.attach_knowledge_graph(graph, kg.kag.settings())
+    attach_knowledge_graph(index, graph, kg.kag.settings())
     return index.retriever(params.retriever.kind)
 
 
