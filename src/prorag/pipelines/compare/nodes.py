@@ -10,13 +10,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from prorag.agent import Rollout, build_policy, build_retriever, build_runner, record_policy
-from prorag.data import Question
+from prorag.data import Question, pick_questions
 from prorag.judges.factory import build_judge
 from prorag.kg.kag import attach_knowledge_graph
+from prorag.kg.params import KgExtractionParams
 from prorag.pipelines.compare.params import CompareArm, CompareParams
-from prorag.pipelines.kg_extraction.params import KgExtractionParams
-from prorag.pipelines.rollout.nodes import pick_questions
-from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.reporting.comparison import (
     ComparisonInputs,
     accuracy_figure,
@@ -27,6 +25,7 @@ from prorag.reporting.comparison import (
 )
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import MethodSpec, PolicySpec, RetrieverSpec, TrainedAgentSpec
+from prorag.training.tearag_params import TeaRAGParams
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from prorag.data import Question
 from prorag.kg.extraction import ExtractionSettings, extract_triplets
 from prorag.kg.graph import KnowledgeGraph
 from prorag.kg.kag import attach_knowledge_graph
+from prorag.kg.params import KgExtractionParams
 from prorag.llm.factory import build_generator
 from prorag.llm.registry import load_tokenizer
-from prorag.pipelines.kg_extraction.params import KgExtractionParams
 from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.retrieval import RetrievalIndex
 from prorag.retrieval.base import Retriever
