@@ -43,11 +43,11 @@ from rich.table import Table
 
 from prorag.data.records import Question
 from prorag.kg.graph import load_knowledge_graph
+from prorag.kg.kag import KagSettings, attach_knowledge_graph
 from prorag.llm.registry import BUNDLED_SMOLLM2, load_tokenizer
 from prorag.metrics.qa import cover_exact_match
 from prorag.protocol.base import format_documents
 from prorag.retrieval import load_index_dir, source_passage_id
-from prorag.retrieval.kag import KagSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("hotpotqa", "musique", "popqa")
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     questions_path = args.questions or latest_version(ROOT / "data/04_feature/index_questions.jsonl")
     index = load_index_dir(index_dir, load_bm25=False, threads=1)
     graph = load_knowledge_graph(kg_dir)
-    index.attach_knowledge_graph(graph, KagSettings())
+    attach_knowledge_graph(index, graph, KagSettings())
     records = [json.loads(line) for line in Path(questions_path).read_text(encoding="utf-8").splitlines()]
     taken: dict[str, int] = {}
     questions: list[Question] = []

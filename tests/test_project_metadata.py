@@ -49,7 +49,7 @@ CLAIMS = {
     r"\bSPRE\b|shortest-path reward": "prorag.rewards.spre",
     r"\bDPO\b": "prorag.training.dpo",
     r"triplet": "prorag.kg",
-    r"\bPPR\b|PageRank": "prorag.retrieval.kag",
+    r"\bPPR\b|PageRank": "prorag.kg.kag",
 }
 
 

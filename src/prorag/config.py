@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, TypeVar, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+PositiveInt = Annotated[int, Field(ge=1)]
+Seed = Annotated[int, Field(ge=0)]
+"""Field types shared by every schema (also exported by :mod:`prorag.specs`)."""
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

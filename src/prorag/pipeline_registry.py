@@ -117,6 +117,6 @@ def register_pipelines() -> dict[str, Pipeline]:
         + judged)
     # compare: every arm (baselines, base agent, each trained method's latest adapter) on the same dev questions of
     # every dataset → comparison.csv / .md, paired tests, plots (run after the training pipelines you want in it)
-    pipelines["compare"] = compare.create_pipeline()
+    pipelines["compare"] = compare.create_pipeline(judging=reward_judging.create_pipeline())
     pipelines["__default__"] = pipelines["train"]
     return pipelines

@@ -17,20 +17,17 @@ by a user is accepted without editing this module.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import Final, Literal
 
 from pydantic import Field, field_validator
 
-from prorag.config import StrictModel
+from prorag.config import Dtype, PositiveInt, Seed, StrictModel
 from prorag.llm.registry import BUNDLED_SMOLLM2
 from prorag.protocol.registry import protocol_names
 
-Dtype = Literal["float32", "bfloat16", "float16"]
 RetrieverKind = Literal["dense", "bm25", "hybrid", "kag", "kag_concat"]
 """Retrievers over a :class:`~prorag.retrieval.RetrievalIndex`; a new retriever adds its name here."""
 MethodKind = Literal["direct", "standard_rag", "agent"]
-PositiveInt = Annotated[int, Field(ge=1)]
-Seed = Annotated[int, Field(ge=0)]
 
 DEFAULT_JUDGE_CACHE: Final = "data/02_intermediate/judge_cache.sqlite"
 

@@ -10,13 +10,20 @@ from prorag.data.records import (
     load_questions,
     normalize_text,
 )
-from prorag.data.selection import question_text_key, select_questions, warn_non_train_splits
+from prorag.data.selection import (
+    QuestionSelection,
+    pick_questions,
+    question_text_key,
+    select_questions,
+    warn_non_train_splits,
+)
 
 __all__ = [
     "DataFileError",
     "DuplicatePassageError",
     "Passage",
     "Question",
+    "QuestionSelection",
     "RawFiles",
     "deduplicate_passages",
     "iter_jsonl",
@@ -24,6 +31,7 @@ __all__ = [
     "load_passages",
     "load_questions",
     "normalize_text",
+    "pick_questions",
     "question_text_key",
     "read_corpus_files",
     "read_jsonl",

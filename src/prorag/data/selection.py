@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
+from prorag.config import PositiveInt, StrictModel
 from prorag.data.records import Question, normalize_text
 
 logger = logging.getLogger(__name__)
@@ -52,6 +54,29 @@ def select_questions(questions: Iterable[Question], sources: Sequence[str] | Non
             taken[question.source] += 1
             selected.append(question)
     return selected
+
+
+class QuestionSelection(StrictModel):
+    """Which prepared questions to roll out: by source file stem, first N of each (the ``questions`` block of the
+    rollout and compare parameters)."""
+
+    sources: list[str] | None = None
+    max_per_source: PositiveInt | None = None
+    include_train_split: bool = False
+    """Evaluate on dev/test splits only (false): questions whose ``split`` is a train split are left out."""
+
+
+def pick_questions(question_records: list[dict[str, Any]], selection: QuestionSelection, *,
+                   setting: str, required: bool = True) -> list[dict[str, Any]]:
+    """The records of the questions ``selection`` picks (in input order); ``setting`` names it in errors. An empty
+    pick is an error when ``required``."""
+    questions = [Question.from_dict(record) for record in question_records]
+    chosen = {question.key for question in select_questions(
+        questions, selection.sources, max_per_source=selection.max_per_source,
+        exclude_split_kinds=() if selection.include_train_split else ("train",), setting=setting)}
+    if not chosen and required:
+        raise ValueError(f"{setting.rsplit('.', 1)[0]} selects no question")
+    return [record for record, question in zip(question_records, questions, strict=True) if question.key in chosen]
 
 
 def warn_non_train_splits(questions: Sequence[Question], setting: str) -> dict[str, int]:

@@ -4,10 +4,14 @@
 * :mod:`prorag.kg.parsing` — the strict reply parser, entity normalization, the grounding check;
 * :mod:`prorag.kg.cache` — the crash-safe extraction cache keyed by (model, prompt, chunk hash);
 * :mod:`prorag.kg.extraction` — :func:`extract_triplets` (generator, chunks, settings) → triplets + counts;
-* :mod:`prorag.kg.graph` — :class:`KnowledgeGraph` (entities, triplets, FAISS indexes), build / save / load.
+* :mod:`prorag.kg.graph` — :class:`KnowledgeGraph` (entities, triplets, FAISS indexes), build / save / load;
+* :mod:`prorag.kg.graph_retrieval` — two-stage graph retrieval (entities, then their one-hop triplets);
+* :mod:`prorag.kg.query` — the KAG query string (a subquery with its key entities);
+* :mod:`prorag.kg.kag` — the Knowledge Association Graph + PPR retrievers (``kag``, ``kag_concat``) and
+  :func:`~prorag.kg.kag.attach_knowledge_graph`, which registers them on a retrieval index.
 
-Graph retrieval and the Knowledge Association Graph live in :mod:`prorag.retrieval.graph` and
-:mod:`prorag.retrieval.kag`.
+The knowledge layer builds on :mod:`prorag.retrieval` (embedders, FAISS, the :class:`Retriever` interface);
+retrieval imports nothing from it.
 """
 
 from prorag.kg.cache import ExtractionCache

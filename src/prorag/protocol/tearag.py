@@ -324,7 +324,7 @@ _BOUNDARIES: Final[dict[str, Boundary]] = {SUBQUERY_CLOSE: "search", SUMMARY_CLO
 
 def encode_retrieval_query(entities: Sequence[str], subquery: str) -> str:
     """One string carrying the key entities and the subquery to the ``kag`` retriever (its own encoding)."""
-    from prorag.retrieval.kag import format_kag_query
+    from prorag.kg.query import format_kag_query
 
     return format_kag_query(subquery, list(entities))
 

@@ -15,11 +15,11 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import faiss
 
@@ -32,10 +32,6 @@ from prorag.retrieval.embedder import BUNDLED_MINILM, Embedder, load_embedder
 from prorag.retrieval.hybrid import HybridRetriever
 from prorag.retrieval.store import PassageStore
 
-if TYPE_CHECKING:
-    from prorag.kg.graph import KnowledgeGraph
-    from prorag.retrieval.kag import KagSettings
-
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -46,7 +42,18 @@ META_FILE = "index_meta.json"
 RetrieverKind = Literal["dense", "bm25", "hybrid", "kag", "kag_concat"]
 RETRIEVER_KINDS: tuple[str, ...] = ("dense", "bm25", "hybrid", "kag", "kag_concat")
 KG_RETRIEVER_KINDS: tuple[str, ...] = ("kag", "kag_concat")
-"""Kinds that also need a knowledge graph attached (:meth:`RetrievalIndex.attach_knowledge_graph`)."""
+"""Kinds another package registers on an index (:meth:`RetrievalIndex.register_retriever`): the knowledge layer's,
+once a knowledge graph is attached (:func:`prorag.kg.kag.attach_knowledge_graph`)."""
+
+RetrieverFactory = Callable[["RetrievalIndex"], Retriever]
+"""Builds the retriever of one kind over an index (called on every :meth:`RetrievalIndex.retriever` request)."""
+
+_INDEX_RETRIEVERS: dict[str, RetrieverFactory] = {
+    "dense": lambda index: index.dense,
+    "bm25": lambda index: index.bm25,
+    "hybrid": lambda index: index.hybrid,
+}
+"""The kinds every index serves from its own parts."""
 
 
 @dataclass(frozen=True)
@@ -127,19 +134,23 @@ class RetrievalIndex:
         self._threads = threads
         self._dense: DenseRetriever | None = None
         self._lock = threading.Lock()
-        self.knowledge_graph: KnowledgeGraph | None = None
-        self.kag_settings: KagSettings | None = None
+        self._retrievers: dict[str, RetrieverFactory] = dict(_INDEX_RETRIEVERS)
 
-    def attach_knowledge_graph(self, graph: KnowledgeGraph, settings: KagSettings | None = None) -> RetrievalIndex:
-        """Make ``kag`` / ``kag_concat`` available: the KG extracted from this index's passages (and the KAG
-        hyperparameters, the paper's by default). Returns ``self``."""
-        if graph.meta.embedder_spec != self.meta.embedder_spec or graph.meta.dim != self.meta.dim:
-            raise RetrievalError(f"the knowledge graph was embedded with {graph.meta.embedder_spec!r} "
-                                 f"({graph.meta.dim}-d), the index with {self.meta.embedder_spec!r} "
-                                 f"({self.meta.dim}-d)")
-        self.knowledge_graph = graph
-        self.kag_settings = settings
+    def register_retriever(self, kind: str, factory: RetrieverFactory) -> RetrievalIndex:
+        """Make ``retriever(kind)`` build ``factory(self)``: how another package (the knowledge layer's ``kag`` /
+        ``kag_concat``, :func:`prorag.kg.kag.attach_knowledge_graph`) adds a kind to this index. A kind
+        registered again is replaced; the index's own kinds (dense, bm25, hybrid) cannot be. Returns ``self``."""
+        if not kind or not isinstance(kind, str):
+            raise ValueError(f"a retriever kind must be a non-empty string, got {kind!r}")
+        if kind in _INDEX_RETRIEVERS:
+            raise ValueError(f"retriever kind {kind!r} is the index's own and cannot be replaced")
+        self._retrievers[kind] = factory
         return self
+
+    @property
+    def retriever_kinds(self) -> tuple[str, ...]:
+        """The kinds :meth:`retriever` can build now (the index's own and the registered ones)."""
+        return tuple(self._retrievers)
 
     def __len__(self) -> int:
         return len(self.store)
@@ -198,20 +209,18 @@ class RetrievalIndex:
         return HybridRetriever([self.dense, self.bm25])
 
     def retriever(self, kind: RetrieverKind | str = "dense") -> Retriever:
-        """The retriever named ``dense``, ``bm25``, ``hybrid``, or (with a knowledge graph attached) ``kag`` /
-        ``kag_concat`` (TeaRAG's KAG + PPR, and TeaRAG-Con; :mod:`prorag.retrieval.kag`)."""
-        if kind not in RETRIEVER_KINDS:
-            raise ValueError(f"retriever kind must be one of {', '.join(RETRIEVER_KINDS)}; got {kind!r}")
+        """The retriever named ``dense``, ``bm25``, ``hybrid``, or a kind registered on this index
+        (:meth:`register_retriever`): with a knowledge graph attached, ``kag`` / ``kag_concat`` (TeaRAG's KAG + PPR,
+        and TeaRAG-Con; :mod:`prorag.kg.kag`)."""
+        factory = self._retrievers.get(kind)
+        if factory is not None:
+            return factory(self)
         if kind in KG_RETRIEVER_KINDS:
-            from prorag.retrieval.kag import KagConcatRetriever, KagRetriever
-
-            if self.knowledge_graph is None:
-                raise RetrievalError(f"retriever {kind!r} needs a knowledge graph: run the kg_extraction pipeline "
-                                     "and a pipeline that attaches it (e.g. rollout_kag), or call "
-                                     "RetrievalIndex.attach_knowledge_graph")
-            builder = KagRetriever if kind == "kag" else KagConcatRetriever
-            return builder(self.dense, self.knowledge_graph, self.kag_settings)
-        return getattr(self, kind)
+            raise RetrievalError(f"retriever {kind!r} needs a knowledge graph: run the kg_extraction pipeline "
+                                 "and a pipeline that attaches it (e.g. rollout_kag), or call "
+                                 "prorag.kg.kag.attach_knowledge_graph")
+        known = list(dict.fromkeys([*RETRIEVER_KINDS, *self._retrievers]))
+        raise ValueError(f"retriever kind must be one of {', '.join(known)}; got {kind!r}")
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
         return save_index_dir(path, self, overwrite=overwrite)

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -44,6 +44,9 @@ from prorag.serving.guard import (
     parse_json_body,
     restrict_hosts,
 )
+
+if TYPE_CHECKING:
+    from prorag.retrieval.index import RetrievalIndex
 
 logger = logging.getLogger(__name__)
 
@@ -359,9 +362,18 @@ def serve(
     uvicorn.run(create_app(retriever, **app_options), host=host, port=port, log_level=log_level)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line options of ``python -m prorag.retrieval.server`` (imports FAISS: call it after
-    :func:`main` has set ``OMP_WAIT_POLICY``)."""
+class ServerExtension(Protocol):
+    """Command-line options another package adds to the server, to add retriever kinds to the loaded index
+    (the knowledge layer's ``--knowledge-graph``: :class:`prorag.kg.kag.KnowledgeGraphOption`)."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def apply(self, index: RetrievalIndex, args: argparse.Namespace) -> None: ...
+
+
+def build_parser(extensions: Sequence[ServerExtension] = ()) -> argparse.ArgumentParser:
+    """The command-line options of ``python -m prorag.retrieval.server``, plus those of ``extensions`` (imports
+    FAISS: call it after :func:`main` has set ``OMP_WAIT_POLICY``)."""
     from prorag.retrieval.index import RETRIEVER_KINDS
 
     parser = argparse.ArgumentParser(prog="python -m prorag.retrieval.server", description=__doc__.split("\n")[0])
@@ -385,20 +397,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--use-gpu", action="store_true", help="search the FAISS index on all GPUs")
     parser.add_argument("--device", default=None, help="embedder device, e.g. cpu or cuda")
     parser.add_argument("--log-level", default="info", help="logging level (default: %(default)s)")
-    parser.add_argument("--knowledge-graph", default=None,
-                        help="for --retriever kag / kag_concat: data/06_models/knowledge_graph/<version>/"
-                             "knowledge_graph (kedro run --pipeline=kg_extraction)")
+    for extension in extensions:
+        extension.add_arguments(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m prorag.retrieval.server --index-dir DIR [--retriever KIND] [--host H] [--port P]``."""
+def main(argv: Sequence[str] | None = None, extensions: Sequence[ServerExtension] = ()) -> None:
+    """``python -m prorag.retrieval.server --index-dir DIR [--retriever KIND] [--host H] [--port P]``;
+    ``extensions`` add options that add retriever kinds (run as a script: the knowledge graph's, see the end of
+    this module)."""
     # torch and faiss each bring an OpenMP runtime; spin-waiting threads of the two fight over the cores and
     # made single-query search up to 10x slower on 2 cores (benchmarks/retrieval.py). Must precede their import.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from prorag.retrieval.index import load_index_dir
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(extensions).parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     index = load_index_dir(
         args.index_dir,
@@ -408,10 +421,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         device=args.device,
         threads=args.threads,
     )
-    if args.knowledge_graph:
-        from prorag.kg.graph import load_knowledge_graph
-
-        index.attach_knowledge_graph(load_knowledge_graph(args.knowledge_graph))
+    for extension in extensions:
+        extension.apply(index, args)
     retriever = index.retriever(args.retriever)
     serve(
         retriever,
@@ -427,4 +438,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # The script is an entry point above both retrieval and the knowledge layer: it alone composes the two, so
+    # ``--retriever kag --knowledge-graph DIR`` works while the library module imports nothing from prorag.kg.
+    from prorag.kg.kag import KnowledgeGraphOption
+
+    main(extensions=[KnowledgeGraphOption()])

@@ -11,12 +11,11 @@ from matplotlib.figure import Figure
 
 from prorag.agent import Rollout, build_runner, record_policy
 from prorag.assembly import build_policy, build_retriever
-from prorag.data import Question
+from prorag.data import Question, pick_questions
 from prorag.judges.factory import build_judge
+from prorag.kg.kag import attach_knowledge_graph
+from prorag.kg.params import KgExtractionParams
 from prorag.pipelines.compare.params import CompareArm, CompareParams
-from prorag.pipelines.kg_extraction.params import KgExtractionParams
-from prorag.pipelines.rollout.nodes import pick_questions
-from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.reporting.comparison import (
     ComparisonInputs,
     accuracy_figure,
@@ -27,6 +26,7 @@ from prorag.reporting.comparison import (
 )
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import MethodSpec, PolicySpec, RetrieverSpec, TrainedAgentSpec
+from prorag.training.tearag_params import TeaRAGParams
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def run_compare_rollouts(question_records: list[dict[str, Any]], index: Retrieva
         rows.append(_arm_row(arm, "ran", "", version=version))
     if KNOWLEDGE_GRAPH in artifacts and artifacts[KNOWLEDGE_GRAPH]["data"] is not None and any(
             spec.kind.startswith("kag") for *_, spec in plans):
-        index.attach_knowledge_graph(artifacts[KNOWLEDGE_GRAPH]["data"], kg.kag.settings())
+        attach_knowledge_graph(index, artifacts[KNOWLEDGE_GRAPH]["data"], kg.kag.settings())
     records: list[dict[str, Any]] = []
     # arms that share a policy run back to back, so each policy is loaded once
     plans.sort(key=lambda plan: json.dumps(plan[2].model_dump(), sort_keys=True))

@@ -1,74 +1,8 @@
-"""Parameter schema of the compare pipeline (``compare``; see conf/base/parameters_compare.yml)."""
+"""Parameter schema of the compare pipeline (``compare``; see conf/base/parameters_compare.yml).
 
-from __future__ import annotations
+The schema is :mod:`prorag.reporting.compare_params`, shared with the sft_synthesis pipeline.
+"""
 
-from collections import Counter
-from typing import Literal
+from prorag.reporting.compare_params import AgentBlock, CompareArm, CompareParams
 
-from pydantic import Field, model_validator
-
-from prorag.config import StrictModel
-from prorag.pipelines.rollout.params import QuestionSelection
-from prorag.specs import JudgeSpec, MethodSettings, PositiveInt, RetrieverSpec, SamplingSpec
-
-AgentBlock = Literal["agent", "reasonrag_agent", "multistage_agent", "tearag"]
-"""The parameter blocks that hold a trained agent's protocol and budgets (``tearag``: its ``agent`` and
-``retriever``)."""
-
-
-class CompareArm(StrictModel):
-    """One row of the comparison: a method run by a policy.
-
-    Either ``method`` (a baseline, or an agent with its own budgets) or ``agent`` (the block of a trained agent:
-    its protocol and budgets, so the arm evaluates the agent exactly as it was trained). ``adapter`` names an
-    entry of the ``trained_artifacts`` dataset (e.g. ``sft_adapter``): the arm runs that adapter's latest version,
-    and is skipped — with the pipeline that makes it — while none exists.
-    """
-
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    method: MethodSettings | None = None
-    agent: AgentBlock | None = None
-    adapter: str | None = None
-    few_shot: bool | None = None
-    """Overrides the agent block's ``few_shot`` (e.g. the base policy prompted with the worked examples)."""
-    retriever: RetrieverSpec | None = None
-    """Overrides ``compare.retriever`` (and the ``tearag`` block's retriever)."""
-
-    @model_validator(mode="after")
-    def _one_method(self) -> CompareArm:
-        if (self.method is None) == (self.agent is None):
-            raise ValueError(f"arm {self.name!r}: give exactly one of method (a baseline or prompted agent) or "
-                             "agent (a trained agent's parameter block)")
-        if self.method is not None and self.few_shot is not None:
-            raise ValueError(f"arm {self.name!r}: few_shot goes inside method")
-        return self
-
-
-class CompareParams(SamplingSpec):
-    """``compare`` parameters: the questions, the arms, the retriever, the statistics and the optional LLM judge."""
-
-    questions: QuestionSelection = QuestionSelection(max_per_source=5)
-    arms: list[CompareArm] = Field(min_length=2)
-    retriever: RetrieverSpec = RetrieverSpec()
-    reference: str = "standard_rag"
-    """The arm every other arm is tested against in the report (the CSV has every pair)."""
-    skip_untrained: bool = True
-    """An arm whose adapter has no version yet is skipped and listed with the pipeline that makes it (false: an
-    error)."""
-    answer_judge: JudgeSpec | None = None
-    """LLM-as-a-judge accuracy (``kind: llm``, any OpenAI-compatible endpoint) beside CEM; null: not judged."""
-    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
-    bootstrap_resamples: PositiveInt = 2000
-    permutation_resamples: PositiveInt = 9999
-
-    @model_validator(mode="after")
-    def _names(self) -> CompareParams:
-        names = [arm.name for arm in self.arms]
-        repeated = sorted(name for name, count in Counter(names).items() if count > 1)
-        if repeated:
-            raise ValueError(f"arm names must be unique, repeated: {repeated}")
-        if self.reference not in names:
-            raise ValueError(f"reference {self.reference!r} is not an arm ({', '.join(names)})")
-        if self.answer_judge is not None and self.answer_judge.kind != "llm":
-            raise ValueError("answer_judge is the LLM judge (kind: llm); CEM, EM and F1 are always reported")
-        return self
+__all__ = ["AgentBlock", "CompareArm", "CompareParams"]

@@ -2,7 +2,7 @@
 
 from kedro.pipeline import Node, Pipeline, pipeline
 
-from prorag.pipelines import reward_judging, tags
+from prorag.pipelines import tags
 from prorag.pipelines.compare.nodes import (
     judge_compare_answers,
     report_comparison,
@@ -11,14 +11,21 @@ from prorag.pipelines.compare.nodes import (
 )
 
 
-def create_pipeline(**kwargs: object) -> Pipeline:
+def create_pipeline(judging: Pipeline | None = None, **kwargs: object) -> Pipeline:
     """Needs ``index_questions`` and ``retrieval_index`` (``kedro run --pipeline=index``) and reads whatever
-    ``trained_artifacts`` exist; OSR/USR come from the reward-judging pipeline run on the compare trajectories."""
-    judged = pipeline(reward_judging.create_pipeline(), inputs={"trajectories": "compare_trajectories"},
+    ``trained_artifacts`` exist; OSR/USR come from ``judging`` — the reward-judging pipeline, which the pipeline
+    registry passes in — run on the compare trajectories (without it, ``compare_judge_metrics`` is an input)."""
+    if judging is None:
+        return pipeline(_compare_nodes(), namespace="compare", prefix_datasets_with_namespace=False)
+    judged = pipeline(judging, inputs={"trajectories": "compare_trajectories"},
                       outputs={"step_verdicts": "compare_step_verdicts",
                                "trajectory_rewards": "compare_trajectory_rewards",
                                "judge_metrics": "compare_judge_metrics"})
-    return pipeline(Pipeline([
+    return pipeline(_compare_nodes() + judged, namespace="compare", prefix_datasets_with_namespace=False)
+
+
+def _compare_nodes() -> Pipeline:
+    return Pipeline([
         Node(select_compare_questions, ["index_questions", "params:compare"], "compare_questions",
              name="select_compare_questions", tags=[tags.DATA]),
         Node(run_compare_rollouts,
@@ -33,4 +40,4 @@ def create_pipeline(**kwargs: object) -> Pipeline:
              ["comparison_table", "comparison_tests", "comparison_report", "comparison_accuracy_plot",
               "comparison_efficiency_plot", "comparison_search_plot", "comparison_metrics"],
              name="report_comparison", tags=[tags.EVALUATION]),
-    ]) + judged, namespace="compare", prefix_datasets_with_namespace=False)
+    ])

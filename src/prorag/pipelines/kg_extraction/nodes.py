@@ -9,6 +9,7 @@ from typing import Any
 from prorag.data import Passage
 from prorag.kg.extraction import ExtractedTriplet, extract_triplets
 from prorag.kg.graph import KnowledgeGraph, build_knowledge_graph
+from prorag.kg.kag import attach_knowledge_graph as attach_to_index
 from prorag.pipelines.kg_extraction.params import KgExtractionParams
 from prorag.retrieval import RetrievalIndex, source_passage_id
 
@@ -88,4 +89,4 @@ def report_kg(graph: KnowledgeGraph, extraction_stats: dict[str, Any]) -> tuple[
 def attach_knowledge_graph(index: RetrievalIndex, graph: KnowledgeGraph,
                            params: KgExtractionParams) -> RetrievalIndex:
     """The retrieval index with the knowledge graph attached, so ``retriever: kag`` / ``kag_concat`` work."""
-    return index.attach_knowledge_graph(graph, params.kag.settings())
+    return attach_to_index(index, graph, params.kag.settings())

@@ -7,8 +7,8 @@ from typing import Any
 
 from prorag.agent import Rollout, build_runner, record_policy
 from prorag.assembly import build_policy, build_retriever
-from prorag.data import Question, select_questions
-from prorag.pipelines.rollout.params import QuestionSelection, RolloutParams
+from prorag.data import Question, pick_questions
+from prorag.pipelines.rollout.params import RolloutParams
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import MethodSpec, PolicySpec, TrainedAgentSpec
 
@@ -17,19 +17,6 @@ def select_rollout_questions(question_records: list[dict[str, Any]], params: Rol
     """The first ``max_per_source`` questions of each selected source; unknown sources are an error. Questions of a
     train split (e.g. ``musique_train``) are evaluation-free unless ``rollout.questions.include_train_split``."""
     return pick_questions(question_records, params.questions, setting="rollout.questions.sources")
-
-
-def pick_questions(question_records: list[dict[str, Any]], selection: QuestionSelection, *,
-                   setting: str, required: bool = True) -> list[dict[str, Any]]:
-    """The records of the questions ``selection`` picks (in input order); ``setting`` names it in errors. An empty
-    pick is an error when ``required``."""
-    questions = [Question.from_dict(record) for record in question_records]
-    chosen = {question.key for question in select_questions(
-        questions, selection.sources, max_per_source=selection.max_per_source,
-        exclude_split_kinds=() if selection.include_train_split else ("train",), setting=setting)}
-    if not chosen and required:
-        raise ValueError(f"{setting.rsplit('.', 1)[0]} selects no question")
-    return [record for record, question in zip(question_records, questions, strict=True) if question.key in chosen]
 
 
 def run_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex, params: RolloutParams,

@@ -10,17 +10,10 @@ from collections import Counter
 
 from pydantic import Field, model_validator
 
-from prorag.config import StrictModel
+from prorag.data.selection import QuestionSelection
 from prorag.specs import MethodSpec, PositiveInt, RetrieverSpec, SamplingSpec
 
-
-class QuestionSelection(StrictModel):
-    """Which prepared questions to roll out: by source file stem, first N of each."""
-
-    sources: list[str] | None = None
-    max_per_source: PositiveInt | None = None
-    include_train_split: bool = False
-    """Evaluate on dev/test splits only (false): questions whose ``split`` is a train split are left out."""
+__all__ = ["QuestionSelection", "RolloutParams"]
 
 
 class RolloutParams(SamplingSpec):

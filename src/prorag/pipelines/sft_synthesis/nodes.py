@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from prorag.assembly import build_retriever
-from prorag.data import Question, select_questions, warn_non_train_splits
-from prorag.pipelines.compare.params import CompareParams
-from prorag.pipelines.rollout.nodes import pick_questions
+from prorag.data import Question, pick_questions, select_questions, warn_non_train_splits
 from prorag.pipelines.sft_synthesis.params import SftSynthesisParams
+from prorag.reporting.compare_params import CompareParams
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import TrainedAgentSpec
 from prorag.training import split_for_synthesis, synthesis_summary, synthesize_trajectories

@@ -11,9 +11,10 @@ from prorag.assembly import build_policy
 from prorag.data import Question
 from prorag.kg.extraction import ExtractionSettings, extract_triplets
 from prorag.kg.graph import KnowledgeGraph
+from prorag.kg.kag import attach_knowledge_graph
+from prorag.kg.params import KgExtractionParams
 from prorag.llm.factory import build_generator
 from prorag.llm.registry import load_tokenizer
-from prorag.pipelines.kg_extraction.params import KgExtractionParams
 from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.retrieval import RetrievalIndex
 from prorag.retrieval.base import Retriever
@@ -36,7 +37,7 @@ def _questions(records: list[dict[str, Any]]) -> list[Question]:
 
 def _kag_retriever(index: RetrievalIndex, graph: KnowledgeGraph, kg: KgExtractionParams,
                    params: TeaRAGParams) -> Retriever:
-    index.attach_knowledge_graph(graph, kg.kag.settings())
+    attach_knowledge_graph(index, graph, kg.kag.settings())
     return index.retriever(params.retriever.kind)
 
 

@@ -1,7 +1,7 @@
 """TeaRAG's hybrid retrieval: Knowledge Association Graph + Personalized PageRank (§4.2.3–4.2.5), and TeaRAG-Con.
 
 For a subquery ``q`` with key entities ``E_t``: semantic retrieval gives chunks ``C_q`` (top-``chunk_top_k`` of the
-dense index), graph retrieval (:mod:`prorag.retrieval.graph`) gives triplets ``T_q`` (top-``triplet_top_k``).
+dense index), graph retrieval (:mod:`prorag.kg.graph_retrieval`) gives triplets ``T_q`` (top-``triplet_top_k``).
 
 **KAG** (§4.2.4), an undirected weighted graph with nodes: the subquery ``q``; a chunk node per ``c ∈ C_q``; a
 triplet node per ``τ ∈ T_q``; an entity node per key entity, per title of a chunk of ``C_q`` and per head/tail of
@@ -35,68 +35,38 @@ damping; §5.5.2 reports TeaRAG robust to α and best at intermediate values, th
 paper's are known. The paper reranks
 with BGE-reranker-v2 before the KAG; there is no reranker here.
 
-Key entities travel inside the query string — :func:`format_kag_query` / :func:`parse_kag_query` are the one
-encoding (used by the TeaRAG agent protocol); a query without them gets them from the entity index
-(:meth:`~prorag.retrieval.graph.GraphRetriever.find_key_entities`).
+Key entities travel inside the query string — :func:`~prorag.kg.query.format_kag_query` /
+:func:`~prorag.kg.query.parse_kag_query` are the one encoding (used by the TeaRAG agent protocol); a query without
+them gets them from the entity index (:meth:`~prorag.kg.graph_retrieval.GraphRetriever.find_key_entities`).
+
+A :class:`~prorag.retrieval.index.RetrievalIndex` offers ``kag`` / ``kag_concat`` once
+:func:`attach_knowledge_graph` has registered them on it.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import networkx as nx
 import numpy as np
 
-from prorag.kg.graph import KnowledgeGraph
+from prorag.kg.graph import KnowledgeGraph, load_knowledge_graph
+from prorag.kg.graph_retrieval import GraphRetriever, ScoredTriplet, resolve_queries, triplet_hit
 from prorag.kg.parsing import entity_key
 from prorag.retrieval.base import Hit, RetrievalError, check_search_args
 from prorag.retrieval.dense import DenseRetriever
-from prorag.retrieval.graph import GraphRetriever, ScoredTriplet, triplet_hit
 
-KEY_ENTITIES_PREFIX: Final = "\nKey entities: "
+if TYPE_CHECKING:
+    from prorag.retrieval.index import RetrievalIndex
+
 SUBQUERY_NODE: Final = ("subquery",)
 ChunkNormalization = Literal["softmax", "minmax", "sum"]
 TripletEdge = Literal["indicator", "score"]
-
-
-def format_kag_query(subquery: str, key_entities: Sequence[str]) -> str:
-    """The query string carrying a subquery and its key entities: ``subquery`` then, on a last line,
-    ``Key entities: ["e1", "e2"]`` (a JSON list). With no key entities it is the subquery alone."""
-    entities = [entity.strip() for entity in key_entities if entity and entity.strip()]
-    subquery = subquery.strip()
-    return f"{subquery}{KEY_ENTITIES_PREFIX}{json.dumps(entities, ensure_ascii=False)}" if entities else subquery
-
-
-def parse_kag_query(text: str) -> tuple[str, list[str]]:
-    """Inverse of :func:`format_kag_query`: ``(subquery, key_entities)``. A query without a well-formed
-    ``Key entities:`` last line is all subquery, with no key entities (never an error)."""
-    head, separator, tail = text.rpartition(KEY_ENTITIES_PREFIX)
-    if not separator:
-        return text.strip(), []
-    try:
-        entities = json.loads(tail)
-    except json.JSONDecodeError:
-        return text.strip(), []
-    if not isinstance(entities, list) or not all(isinstance(entity, str) for entity in entities):
-        return text.strip(), []
-    return head.strip(), [entity.strip() for entity in entities if entity.strip()]
-
-
-def resolve_queries(graph: GraphRetriever, queries: Sequence[str]) -> tuple[list[str], list[list[str]], np.ndarray]:
-    """Subqueries, key entities (parsed, or found from the entity index) and subquery embeddings."""
-    parsed = [parse_kag_query(query) for query in queries]
-    subqueries = [subquery for subquery, _ in parsed]
-    vectors = graph.encoder.encode_queries(subqueries)
-    missing = [position for position, (_, entities) in enumerate(parsed) if not entities]
-    found = graph.find_key_entities([subqueries[p] for p in missing], vectors[missing]) if missing else []
-    entities = [list(entities) for _, entities in parsed]
-    for position, names in zip(missing, found, strict=True):
-        entities[position] = names
-    return subqueries, entities, vectors
 
 
 @dataclass(frozen=True)
@@ -346,3 +316,40 @@ class KagConcatRetriever(_HybridBase):
             triplet_hits = [triplet_hit(self.graph, item.triplet_id, item.score) for item in scored]
             results.append(hits[:chunk_share] + triplet_hits[: k - chunk_share])
         return results
+
+
+KAG_RETRIEVERS: Final[dict[str, type[_HybridBase]]] = {"kag": KagRetriever, "kag_concat": KagConcatRetriever}
+"""The retriever kinds a knowledge graph adds to an index (:data:`prorag.retrieval.index.KG_RETRIEVER_KINDS`)."""
+
+
+def _kag_retriever(kind: str, graph: KnowledgeGraph, settings: KagSettings | None,
+                   index: RetrievalIndex) -> _HybridBase:
+    return KAG_RETRIEVERS[kind](index.dense, graph, settings)
+
+
+def attach_knowledge_graph(index: RetrievalIndex, graph: KnowledgeGraph,
+                           settings: KagSettings | None = None) -> RetrievalIndex:
+    """Make ``index.retriever("kag")`` / ``("kag_concat")`` available: the KG extracted from this index's passages
+    (and the KAG hyperparameters, the paper's by default). Returns ``index``."""
+    if graph.meta.embedder_spec != index.meta.embedder_spec or graph.meta.dim != index.meta.dim:
+        raise RetrievalError(f"the knowledge graph was embedded with {graph.meta.embedder_spec!r} "
+                             f"({graph.meta.dim}-d), the index with {index.meta.embedder_spec!r} "
+                             f"({index.meta.dim}-d)")
+    for kind in KAG_RETRIEVERS:
+        index.register_retriever(kind, partial(_kag_retriever, kind, graph, settings))
+    return index
+
+
+class KnowledgeGraphOption:
+    """The retrieval server's ``--knowledge-graph DIR`` option (:func:`prorag.retrieval.server.main`): loads the
+    knowledge graph and attaches it to the served index, for ``--retriever kag`` / ``kag_concat``."""
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--knowledge-graph", default=None,
+                            help="for --retriever kag / kag_concat: data/06_models/knowledge_graph/<version>/"
+                                 "knowledge_graph (kedro run --pipeline=kg_extraction)")
+
+    def apply(self, index: RetrievalIndex, args: Any) -> None:
+        path: str | os.PathLike[str] | None = args.knowledge_graph
+        if path:
+            attach_knowledge_graph(index, load_knowledge_graph(path))

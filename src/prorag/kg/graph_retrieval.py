@@ -18,6 +18,7 @@ import numpy as np
 
 from prorag.kg.graph import KnowledgeGraph
 from prorag.kg.parsing import entity_key
+from prorag.kg.query import parse_kag_query
 from prorag.retrieval.base import Hit, RetrievalError, check_search_args
 from prorag.retrieval.dense import QueryEncoder
 
@@ -114,12 +115,23 @@ class GraphRetriever:
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         """Graph-only retrieval (TeaRAG-G): top-``k`` triplets per query, key entities parsed from the query
-        (:func:`prorag.retrieval.kag.parse_kag_query`) or found from it."""
-        from prorag.retrieval.kag import resolve_queries
-
+        (:func:`prorag.kg.query.parse_kag_query`) or found from it."""
         queries = check_search_args(queries, k)
         if not queries:
             return []
         subqueries, entities, vectors = resolve_queries(self, queries)
         return [[triplet_hit(self.graph, item.triplet_id, item.score) for item in row]
                 for row in self.retrieve(subqueries, entities, vectors, k)]
+
+
+def resolve_queries(graph: GraphRetriever, queries: Sequence[str]) -> tuple[list[str], list[list[str]], np.ndarray]:
+    """Subqueries, key entities (parsed, or found from the entity index) and subquery embeddings."""
+    parsed = [parse_kag_query(query) for query in queries]
+    subqueries = [subquery for subquery, _ in parsed]
+    vectors = graph.encoder.encode_queries(subqueries)
+    missing = [position for position, (_, entities) in enumerate(parsed) if not entities]
+    found = graph.find_key_entities([subqueries[p] for p in missing], vectors[missing]) if missing else []
+    entities = [list(entities) for _, entities in parsed]
+    for position, names in zip(missing, found, strict=True):
+        entities[position] = names
+    return subqueries, entities, vectors

@@ -11,23 +11,24 @@ import pytest
 from prorag.data.records import Passage
 from prorag.kg.extraction import ExtractedTriplet
 from prorag.kg.graph import build_knowledge_graph, load_knowledge_graph, save_knowledge_graph
-from prorag.retrieval import RetrievalError, build_retrieval_index
-from prorag.retrieval.graph import entity_query
-from prorag.retrieval.kag import (
+from prorag.kg.graph_retrieval import entity_query
+from prorag.kg.kag import (
     SUBQUERY_NODE,
     KagChunk,
     KagSettings,
     KagTriplet,
+    KnowledgeGraphOption,
+    attach_knowledge_graph,
     build_kag,
     chunk_node,
     entity_node,
-    format_kag_query,
-    parse_kag_query,
     personalization_vector,
     personalized_pagerank,
     rank_context,
     triplet_node,
 )
+from prorag.kg.query import format_kag_query, parse_kag_query
+from prorag.retrieval import RetrievalError, build_retrieval_index
 
 SETTINGS = KagSettings(triplet_threshold=0.5, max_iterations=1000, tolerance=1e-13)
 CHUNKS = [KagChunk("c1", "Paris", 0.9), KagChunk("c2", "Berlin", 0.5)]
@@ -133,7 +134,7 @@ def test_kag_and_kag_concat_retrievers(kag_index) -> None:
     index, graph = kag_index
     with pytest.raises(RetrievalError, match="needs a knowledge graph"):
         index.retriever("kag")
-    index.attach_knowledge_graph(graph, KagSettings(chunk_top_k=2, triplet_top_k=2, triplet_threshold=0.0))
+    attach_knowledge_graph(index, graph, KagSettings(chunk_top_k=2, triplet_top_k=2, triplet_threshold=0.0))
     query = format_kag_query("Where was Alexander Westphal born?", ["Alexander Westphal"])
     [hits] = index.retriever("kag").search([query], 3)
     assert len(hits) == 3 and hits == sorted(hits, key=lambda hit: -hit.score)
@@ -149,8 +150,8 @@ def test_kag_and_kag_concat_retrievers(kag_index) -> None:
 
 
 def test_retrieval_server_serves_kag_with_a_knowledge_graph(kag_index, tmp_path: Path, monkeypatch) -> None:
+    from prorag.kg.kag import KagRetriever
     from prorag.retrieval import server
-    from prorag.retrieval.kag import KagRetriever
 
     index, graph = kag_index
     index.save(tmp_path / "index")
@@ -158,7 +159,7 @@ def test_retrieval_server_serves_kag_with_a_knowledge_graph(kag_index, tmp_path:
     served = {}
     monkeypatch.setattr(server, "serve", lambda retriever, *args, **kwargs: served.update(retriever=retriever))
     server.main(["--index-dir", str(tmp_path / "index"), "--retriever", "kag", "--knowledge-graph",
-                 str(tmp_path / "kg")])
+                 str(tmp_path / "kg")], [KnowledgeGraphOption()])
     assert isinstance(served["retriever"], KagRetriever)
     with pytest.raises(RetrievalError, match="needs a knowledge graph"):
-        server.main(["--index-dir", str(tmp_path / "index"), "--retriever", "kag_concat"])
+        server.main(["--index-dir", str(tmp_path / "index"), "--retriever", "kag_concat"], [KnowledgeGraphOption()])
