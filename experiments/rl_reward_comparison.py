@@ -264,7 +264,7 @@ def probe(args: argparse.Namespace, overrides: dict[str, object], out: Path) -> 
         rl = RLParams.model_validate(params["rl"])
         policy, agent = PolicySpec.model_validate(params["policy"]), TrainedAgentSpec.model_validate(params["agent"])
         reward = RewardSettings.model_validate(params["reward"])
-        records = select_rl_questions(catalog.load("index_questions"), catalog.load("rollout_questions"), rl)
+        records = select_rl_questions(catalog.load("index_questions"), catalog.load("evaluated_questions"), rl)
         index, adapter = catalog.load("retrieval_index"), catalog.load("sft_adapter")
     questions = [Question.from_dict(record) for record in records]
     questions = random.Random(args.seeds[0]).sample(questions, min(args.probe_questions, len(questions)))

@@ -55,43 +55,49 @@ def register_pipelines() -> dict[str, Pipeline]:
         "kg_extraction": kg_extraction.create_pipeline(),
         "reasonrag_data": reasonrag_data.create_pipeline(),
         "dpo": dpo.create_pipeline(),
+        # compare: every arm (baselines, base agent, each trained method's latest adapter) on the same dev questions
+        # of every dataset → comparison.csv / .md, paired tests, plots (run after the training pipelines you want)
+        "compare": compare.create_pipeline(judging=reward_judging.create_pipeline()),
     }
     pipelines["judge"] = pipelines["reward_judging"]
     pipelines["index"] = pipelines["data_preparation"] + pipelines["corpus_indexing"]
     # evaluate: roll out every configured method on the indexed questions, summarize, judge OSR/USR and rewards
     pipelines["evaluate"] = pipelines["rollout"] + pipelines["evaluation"] + pipelines["reward_judging"]
+    # evaluated_questions: every question an evaluation answers (rollout ∪ compare questions); every trainer's
+    # question selection excludes it, by key and by question text
+    evaluated = (pipelines["rollout"].only_nodes("rollout.select_rollout_questions")
+                 + pipelines["compare"].only_nodes("compare.select_compare_questions")
+                 + rollout.evaluated_questions_pipeline())
     # the trained agent (the ``agent`` block) rolled out per trained policy: one modular pipeline per stage
     trained_rollouts = {stage: trained_policy_rollouts(stage, tags.TRAINED_AGENT) for stage in ("sft", "rl")}
     judged = pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
                       inputs={"trajectories": "all_trajectories"})
     # train: index → base rollouts → SFT data → LoRA SFT → GRPO → base, SFT and RL policies evaluated side by side
     pipelines["train"] = (
-        pipelines["index"] + pipelines["rollout"] + pipelines["sft_synthesis"] + pipelines["sft"] + pipelines["rl"]
-        + trained_rollouts["sft"] + trained_rollouts["rl"]
+        pipelines["index"] + pipelines["rollout"] + evaluated + pipelines["sft_synthesis"] + pipelines["sft"]
+        + pipelines["rl"] + trained_rollouts["sft"] + trained_rollouts["rl"]
         + _concat("trajectories", "sft_policy_trajectories", "rl_policy_trajectories")
         + judged)
     # train_sft: the same without RL (index → base rollouts → SFT data → SFT → base and SFT evaluated)
     pipelines["train_sft"] = (
-        pipelines["index"] + pipelines["rollout"] + pipelines["sft_synthesis"] + pipelines["sft"]
+        pipelines["index"] + pipelines["rollout"] + evaluated + pipelines["sft_synthesis"] + pipelines["sft"]
         + trained_rollouts["sft"]
         + _concat("trajectories", "sft_policy_trajectories")
         + judged)
     # train_rl: GRPO from the latest SFT adapter, then the RL policy evaluated and judged (reward experiments)
     pipelines["train_rl"] = (
-        pipelines["rollout"].only_nodes("rollout.select_rollout_questions") + pipelines["rl"]
-        + trained_rollouts["rl"]
+        evaluated + pipelines["rl"] + trained_rollouts["rl"]
         + pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
                    inputs={"trajectories": "rl_policy_trajectories"}))
     # train_rl_instruct: GRPO from the instruct model with no SFT stage (rl.init: instruct; the multi-stage preset and
     # HiPRAG at paper scale), then the RL policy evaluated and judged
     pipelines["train_rl_instruct"] = (
-        pipelines["index"] + pipelines["rollout"].only_nodes("rollout.select_rollout_questions")
-        + rl.create_pipeline(from_sft=False) + trained_rollouts["rl"]
+        pipelines["index"] + evaluated + rl.create_pipeline(from_sft=False) + trained_rollouts["rl"]
         + pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
                    inputs={"trajectories": "rl_policy_trajectories"}))
     # train_search_r1: the same GRPO run with the Search-R1 reward (λp = 0) → search_r1_adapter, for `compare`
     pipelines["train_search_r1"] = (
-        pipelines["rollout"].only_nodes("rollout.select_rollout_questions")
+        evaluated
         + pipeline(pipelines["rl"], namespace="search_r1", prefix_datasets_with_namespace=False,
                    parameters={"params:reward": "params:search_r1_reward"},
                    outputs={"rl_adapter": "search_r1_adapter", "rl_training_log": "search_r1_training_log"}))
@@ -101,7 +107,7 @@ def register_pipelines() -> dict[str, Pipeline]:
                                                            "trajectory_rewards", "judge_metrics")}
     pipelines["train_tearag"] = (
         pipelines["index"] + pipelines["kg_extraction"]
-        + pipelines["rollout"].only_nodes("rollout.select_rollout_questions") + pipelines["tearag"]
+        + evaluated + pipelines["tearag"]
         + pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
                    inputs={"trajectories": "tearag_trajectories"}, outputs=tearag_outputs))
     # rollout_kag: the rollout with the knowledge graph attached to the index (rollout.retriever.kind: kag / kag_concat)
@@ -110,13 +116,10 @@ def register_pipelines() -> dict[str, Pipeline]:
     # train_reasonrag (ReasonRAG §2): index → MCTS trees → step-level pairs → DPO → the DPO policy rolled out as the
     # ReasonRAG agent (reasonrag_agent) beside the base methods on the same dev questions → evaluation and judging
     pipelines["train_reasonrag"] = (
-        pipelines["index"] + pipelines["rollout"] + pipelines["reasonrag_data"] + pipelines["dpo"]
+        pipelines["index"] + pipelines["rollout"] + evaluated + pipelines["reasonrag_data"] + pipelines["dpo"]
         + pipeline(trained_policy_rollouts("dpo", [tags.REASONRAG]),
                    parameters={"params:agent": "params:reasonrag_agent"})
         + _concat("trajectories", "dpo_policy_trajectories")
         + judged)
-    # compare: every arm (baselines, base agent, each trained method's latest adapter) on the same dev questions of
-    # every dataset → comparison.csv / .md, paired tests, plots (run after the training pipelines you want in it)
-    pipelines["compare"] = compare.create_pipeline(judging=reward_judging.create_pipeline())
     pipelines["__default__"] = pipelines["train"]
     return pipelines

@@ -93,7 +93,7 @@ def test_question_mix_and_golden_evidence() -> None:
     pool = [*load_questions(raw / "nq.jsonl")[:5], *load_questions(raw / "hotpotqa.jsonl")[:40],
             *load_questions(raw / "musique_train.jsonl")]
     mix = QuestionMix(nq=2, hotpotqa_bridge=2, hotpotqa_comparison=1, musique=3)
-    chosen = select_question_mix(pool, mix, exclude_keys=[pool[0].key])
+    chosen = select_question_mix(pool, mix, exclude=[pool[0]])
     groups = [question_group(q, mix) for q in chosen]
     assert groups.count("nq") == 2 and pool[0] not in chosen
     assert groups.count("hotpotqa_bridge") == 2 and groups.count("hotpotqa_comparison") == 1

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from prorag.data.records import Question
+from prorag.data.selection import select_questions
 from prorag.rewards.scoring import RolloutScorer, ScoredBatch
 
 if TYPE_CHECKING:
@@ -211,15 +212,16 @@ def question_group(question: Question, mix: QuestionMix) -> str | None:
     return None
 
 
-def select_question_mix(questions: Sequence[Question], mix: QuestionMix, *, exclude_keys: Iterable[str] = ()
+def select_question_mix(questions: Sequence[Question], mix: QuestionMix, *, exclude: Iterable[Question] = ()
                         ) -> list[Question]:
     """The mix, in input order within each group; MuSiQue's share is split evenly over 2/3/4 hops (a hop count
-    with too few questions leaves its remainder to the others). Excluded keys (the evaluation set) never enter."""
-    excluded = set(exclude_keys)
+    with too few questions leaves its remainder to the others). The ``exclude`` questions (the evaluated ones)
+    never enter, by key nor by question text (:func:`prorag.data.select_questions` ``exclude=``)."""
+    candidates = select_questions(questions, exclude=exclude)
     groups: dict[str, list[Question]] = defaultdict(list)
-    for question in questions:
+    for question in candidates:
         group = question_group(question, mix)
-        if group is not None and question.key not in excluded:
+        if group is not None:
             groups[group].append(question)
     chosen = [*groups["nq"][: mix.nq], *groups["hotpotqa_bridge"][: mix.hotpotqa_bridge],
               *groups["hotpotqa_comparison"][: mix.hotpotqa_comparison]]

@@ -17,5 +17,5 @@ def test_train_reasonrag_wiring() -> None:
     assert "dpo_adapter" in rollout.inputs and "params:reasonrag_agent" in rollout.inputs
     assert rollout.outputs == ["dpo_policy_trajectories"]
     select = next(node for node in train.nodes if node.name == "reasonrag_data.select_reasonrag_questions")
-    assert "rollout_questions" in select.inputs  # the evaluated questions are excluded from training
+    assert "evaluated_questions" in select.inputs  # the evaluated questions are excluded from training
     assert {"reasonrag_data", "dpo"} <= set(pipelines)

@@ -10,8 +10,9 @@ from peft import PeftModel
 from prorag.datasets import DirectoryDataset
 from prorag.llm import BUNDLED_TINY_LLAMA, load_causal_lm
 from prorag.pipeline_registry import register_pipelines
+from prorag.pipelines.compare.nodes import select_compare_questions
 from prorag.pipelines.compare.params import CompareParams
-from prorag.pipelines.rollout.nodes import concat_trajectories, run_trained_rollouts
+from prorag.pipelines.rollout.nodes import concat_trajectories, run_trained_rollouts, select_evaluated_questions
 from prorag.pipelines.rollout.params import RolloutParams
 from prorag.pipelines.sft.nodes import train_sft
 from prorag.pipelines.sft.params import SftParams
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def test_synthesis_excludes_evaluated_questions(questions, index):
     evaluated = [q for q in questions if q["source"] == "hotpotqa"][:2]
-    records, summary = synthesize_sft_data(questions, evaluated, index, SftSynthesisParams(), AGENT, COMPARE)
+    records, summary = synthesize_sft_data(questions, evaluated, index, SftSynthesisParams(), AGENT)
     keys = {record["question_key"] for record in records}
     assert not keys & {f"{q['dataset']}/{q['id']}" for q in evaluated}
     assert summary["total"]["trajectories"] == len(records) > 0
@@ -39,7 +40,8 @@ def test_synthesis_excludes_evaluated_questions(questions, index):
 def test_synthesis_excludes_the_compare_questions(questions, index):
     """The compare pipeline answers the first dev questions of every source; SFT never trains on them."""
     compare = COMPARE.model_copy(update={"questions": COMPARE.questions.model_copy(update={"max_per_source": 2})})
-    records, _ = synthesize_sft_data(questions, [], index, SftSynthesisParams(), AGENT, compare)
+    evaluated = select_evaluated_questions([], select_compare_questions(questions, compare))
+    records, _ = synthesize_sft_data(questions, evaluated, index, SftSynthesisParams(), AGENT)
     hotpotqa = [f"hotpotqa/{q['id']}" for q in questions if q["source"] == "hotpotqa"]
     synthesized = {record["question_key"] for record in records}
     assert not set(hotpotqa[:2]) & synthesized
@@ -48,12 +50,12 @@ def test_synthesis_excludes_the_compare_questions(questions, index):
 
 def test_synthesis_rejects_unknown_sources(questions, index):
     with pytest.raises(ValueError, match=r"names \['bamboogle'\]"):
-        synthesize_sft_data(questions, [], index, SftSynthesisParams(sources=["bamboogle"]), AGENT, COMPARE)
+        synthesize_sft_data(questions, [], index, SftSynthesisParams(sources=["bamboogle"]), AGENT)
 
 
 @pytest.mark.slow
 def test_sft_adapter_is_saved_versioned_and_rolls_out(questions, index, tmp_path):
-    records, _ = synthesize_sft_data(questions, [], index, SftSynthesisParams(), AGENT, COMPARE)
+    records, _ = synthesize_sft_data(questions, [], index, SftSynthesisParams(), AGENT)
     params = SftParams(max_steps=2, per_device_train_batch_size=2)
     policy = PolicySpec(model=BUNDLED_TINY_LLAMA)
     adapter_dir, curve = train_sft(records[:4], params, policy, AGENT)

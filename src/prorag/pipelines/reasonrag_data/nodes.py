@@ -18,7 +18,8 @@ from prorag.training.mcts import pair_statistics, preference_pairs, run_mcts, tr
 
 def select_reasonrag_questions(question_records: list[dict[str, Any]], evaluation_records: list[dict[str, Any]],
                                params: ReasonRAGDataParams) -> list[dict[str, Any]]:
-    """The training questions, disjoint from the evaluated ones (checked: an overlap is an error naming it)."""
+    """The training questions, disjoint from the evaluated ones (``evaluated_questions``: rollout and compare
+    questions; by key and by text, checked: an overlap is an error naming it)."""
     evaluated_questions = [Question.from_dict(record) for record in evaluation_records]
     evaluated = {question.key for question in evaluated_questions}
     selected = select_questions(map(Question.from_dict, question_records), params.questions.sources,

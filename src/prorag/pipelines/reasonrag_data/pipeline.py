@@ -9,7 +9,7 @@ from prorag.pipelines.reasonrag_data.nodes import build_reasonrag_pairs, run_rea
 def create_pipeline(**kwargs: object) -> Pipeline:
     """Select the questions, search their trees, build and report the pairs (namespace ``reasonrag_data``)."""
     return Pipeline([
-        Node(select_reasonrag_questions, ["index_questions", "rollout_questions", "params:reasonrag_data"],
+        Node(select_reasonrag_questions, ["index_questions", "evaluated_questions", "params:reasonrag_data"],
              "reasonrag_questions", name="select_reasonrag_questions"),
         Node(run_reasonrag_mcts, ["reasonrag_questions", "retrieval_index", "params:reasonrag_data", "params:policy",
                                        "params:reasonrag_agent"],

@@ -19,7 +19,8 @@ from prorag.tracking.callbacks import MlflowStepMetrics
 
 def select_rl_questions(question_records: list[dict[str, Any]], evaluation_records: list[dict[str, Any]],
                         params: RLParams) -> list[dict[str, Any]]:
-    """The training questions; the evaluated questions (by key and by text) are never among them."""
+    """The training questions; the evaluated questions (``evaluated_questions``: rollout and compare questions; by
+    key and by text) are never among them."""
     selected = select_questions(map(Question.from_dict, question_records), params.questions.sources,
                                 max_per_source=params.questions.max_per_source,
                                 exclude=[Question.from_dict(record) for record in evaluation_records],

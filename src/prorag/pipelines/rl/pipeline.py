@@ -18,7 +18,7 @@ def create_pipeline(*, from_sft: bool = True, **kwargs: object) -> Pipeline:
                                               "params:agent", "params:reward"],
                      ["rl_adapter", "rl_training_log"], name="train_rl")
     return Pipeline([
-        Node(select_rl_questions, ["index_questions", "rollout_questions", "params:rl"], "rl_questions",
+        Node(select_rl_questions, ["index_questions", "evaluated_questions", "params:rl"], "rl_questions",
              name="select_rl_questions"),
         train,
     ], namespace="rl", prefix_datasets_with_namespace=False, tags=[tags.TRAINING, *tags.TRAINED_AGENT])

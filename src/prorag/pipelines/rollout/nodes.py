@@ -34,6 +34,16 @@ def run_trained_rollouts(question_records: list[dict[str, Any]], index: Retrieva
     return _run_methods([method], question_records, index, params, policy.with_trained(adapter_dir))
 
 
+def select_evaluated_questions(rollout_records: list[dict[str, Any]],
+                               compare_records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every question an evaluation answers — the one set every trainer leaves out of its training questions, by
+    key and by question text: the rollout questions (the base rollouts, the trained-policy rollouts and TeaRAG's
+    evaluation answer them) and the compare questions. Rollout questions first, then the compare questions not
+    among them."""
+    keys = {Question.from_dict(record).key for record in rollout_records}
+    return [*rollout_records, *(record for record in compare_records if Question.from_dict(record).key not in keys)]
+
+
 def concat_trajectories(*trajectory_sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One trajectory table from several rollouts (e.g. base and SFT policies side by side); a method name that
     two sets use is an error (their rows would be summarized as one method)."""

@@ -6,7 +6,12 @@ from typing import Any
 from kedro.pipeline import Node, Pipeline, pipeline
 
 from prorag.pipelines import tags
-from prorag.pipelines.rollout.nodes import run_rollouts, run_trained_rollouts, select_rollout_questions
+from prorag.pipelines.rollout.nodes import (
+    run_rollouts,
+    run_trained_rollouts,
+    select_evaluated_questions,
+    select_rollout_questions,
+)
 from prorag.pipelines.rollout.params import RolloutParams
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import PolicySpec, TrainedAgentSpec
@@ -20,6 +25,15 @@ def create_pipeline(**kwargs: object) -> Pipeline:
         Node(run_rollouts, ["rollout_questions", "retrieval_index", "params:rollout", "params:policy"],
              "trajectories", name="run_rollouts"),
     ], namespace="rollout", prefix_datasets_with_namespace=False, tags=[tags.ROLLOUT])
+
+
+def evaluated_questions_pipeline() -> Pipeline:
+    """``rollout.select_evaluated_questions``: ``rollout_questions`` ∪ ``compare_questions`` → ``evaluated_questions``,
+    the questions every trainer excludes (``pipeline_registry`` composes it with the two selections)."""
+    return Pipeline([
+        Node(select_evaluated_questions, ["rollout_questions", "compare_questions"], "evaluated_questions",
+             name="select_evaluated_questions"),
+    ], namespace="rollout", prefix_datasets_with_namespace=False, tags=[tags.DATA])
 
 
 def trained_policy_rollouts(stage: str, method_tags: Iterable[str] = ()) -> Pipeline:

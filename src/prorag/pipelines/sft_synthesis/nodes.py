@@ -5,22 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from prorag.assembly import build_retriever
-from prorag.data import Question, pick_questions, select_questions, warn_non_train_splits
+from prorag.data import Question, select_questions, warn_non_train_splits
 from prorag.pipelines.sft_synthesis.params import SftSynthesisParams
-from prorag.reporting.compare_params import CompareParams
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import TrainedAgentSpec
 from prorag.training import split_for_synthesis, synthesis_summary, synthesize_trajectories
 
 
 def synthesize_sft_data(question_records: list[dict[str, Any]], evaluation_records: list[dict[str, Any]],
-                        index: RetrievalIndex, params: SftSynthesisParams, agent: TrainedAgentSpec,
-                        compare: CompareParams) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Gold trajectories in the trained agent's protocol for the selected questions; the questions the rollout
-    evaluation and the compare pipeline answer are excluded (and checked)."""
-    compared = pick_questions(question_records, compare.questions, setting="compare.questions.sources",
-                              required=False)
-    evaluated = [Question.from_dict(record) for record in [*evaluation_records, *compared]]
+                        index: RetrievalIndex, params: SftSynthesisParams,
+                        agent: TrainedAgentSpec) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Gold trajectories in the trained agent's protocol for the selected questions; the evaluated questions
+    (``evaluated_questions``: the rollout and compare questions) are excluded by key and by text (and checked)."""
+    evaluated = [Question.from_dict(record) for record in evaluation_records]
     evaluation_keys = {question.key for question in evaluated}
     selected = select_questions(map(Question.from_dict, question_records), params.sources,
                                 max_per_source=params.max_per_source, exclude=evaluated,

@@ -8,7 +8,7 @@ from typing import Any
 
 from prorag.agent import build_runner, record_policy
 from prorag.assembly import build_policy
-from prorag.data import Question
+from prorag.data import Question, select_questions
 from prorag.kg.extraction import ExtractionSettings, extract_triplets
 from prorag.kg.graph import KnowledgeGraph
 from prorag.kg.kag import attach_knowledge_graph
@@ -41,15 +41,41 @@ def _kag_retriever(index: RetrievalIndex, graph: KnowledgeGraph, kg: KgExtractio
     return index.retriever(params.retriever.kind)
 
 
-def build_sft_data(question_records: list[dict[str, Any]], eval_records: list[dict[str, Any]],
-                   kg: KgExtractionParams, params: TeaRAGParams) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """§4.3.1: triplets of the golden paragraphs (the kg extractor and its cache), then the SFT paths."""
+def select_sft_data_questions(question_records: list[dict[str, Any]], eval_records: list[dict[str, Any]],
+                              params: TeaRAGParams) -> list[Question]:
+    """The §4.3.1 SFT questions: the first ``tearag.sft_data.max_questions`` of its sources, never an evaluated
+    question (``evaluated_questions``; by key and by text)."""
     selection = params.sft_data
-    excluded = {question.key for question in _questions(eval_records)}
-    questions = [q for q in _questions(question_records) if q.source in selection.sources and q.key not in excluded]
+    candidates = select_questions(_questions(question_records), exclude=_questions(eval_records))
+    questions = [q for q in candidates if q.source in selection.sources]
     questions = questions[: selection.max_questions] if selection.max_questions else questions
     if not questions:
         raise ValueError(f"tearag.sft_data.sources {selection.sources} select no indexed training question")
+    return questions
+
+
+def select_ip_dpo_questions(question_records: list[dict[str, Any]], eval_records: list[dict[str, Any]],
+                            params: TeaRAGParams) -> list[Question]:
+    """The §4.3.2 IP-DPO question mix (``tearag.questions``), never an evaluated question (``evaluated_questions``;
+    by key and by text)."""
+    mix = params.questions
+    questions = select_question_mix(
+        _questions(question_records),
+        QuestionMix(nq=mix.nq, hotpotqa_bridge=mix.hotpotqa_bridge, hotpotqa_comparison=mix.hotpotqa_comparison,
+                    musique=mix.musique, nq_sources=tuple(mix.nq_sources),
+                    hotpotqa_sources=tuple(mix.hotpotqa_sources), musique_sources=tuple(mix.musique_sources)),
+        exclude=_questions(eval_records))
+    if not questions:
+        raise ValueError("tearag.questions selects no IP-DPO question among the indexed questions")
+    return questions
+
+
+def build_sft_data(question_records: list[dict[str, Any]], eval_records: list[dict[str, Any]],
+                   kg: KgExtractionParams, params: TeaRAGParams) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """§4.3.1: triplets of the golden paragraphs (the kg extractor and its cache), then the SFT paths; the
+    evaluated questions (``eval_records``) never among them."""
+    selection = params.sft_data
+    questions = select_sft_data_questions(question_records, eval_records, params)
     paragraphs = list({p.id: p for q in questions for p in golden_paragraphs(q)}.values())
     spec, extraction = kg.extractor, kg.extraction
     generator = build_generator(spec.model, backend=spec.backend, dtype=spec.dtype, batch_size=spec.batch_size,
@@ -99,18 +125,10 @@ def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list
                       policy: PolicySpec, params: TeaRAGParams
                       ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """§4.3.2: the rounds; returns the last adapter, per-round metrics (``step`` = round), the pairs and the
-    scored samples of every round."""
+    scored samples of every round. The questions are :func:`select_ip_dpo_questions` (never an evaluated one)."""
     from prorag.tracking.callbacks import MlflowStepMetrics
 
-    mix = params.questions
-    questions = select_question_mix(
-        _questions(question_records),
-        QuestionMix(nq=mix.nq, hotpotqa_bridge=mix.hotpotqa_bridge, hotpotqa_comparison=mix.hotpotqa_comparison,
-                    musique=mix.musique, nq_sources=tuple(mix.nq_sources),
-                    hotpotqa_sources=tuple(mix.hotpotqa_sources), musique_sources=tuple(mix.musique_sources)),
-        exclude_keys=[Question.from_dict(record).key for record in eval_records])
-    if not questions:
-        raise ValueError("tearag.questions selects no IP-DPO question among the indexed questions")
+    questions = select_ip_dpo_questions(question_records, eval_records, params)
     cfg = params.ip_dpo
     settings = IPDPOSettings(
         rounds=cfg.rounds, samples_per_question=cfg.samples_per_question, top_k=params.retriever.top_k,
