@@ -154,7 +154,6 @@ def test_conf_base_tearag_ip_dpo_does_not_train_on_nq_open_dev_1(monkeypatch):
     monkeypatch.setattr(tearag_nodes, "run_ip_dpo", lambda model, adapter, chosen, *args, **kwargs:
                         trained.extend(chosen) or [])
     monkeypatch.setattr(tearag_nodes, "_kag_retriever", lambda *args: None)
-    monkeypatch.setattr(tearag_nodes, "load_similarity", lambda *args: None)
     run(ip_dpo)
 
     compare = register_pipelines()["compare"]

@@ -88,7 +88,7 @@ SCRIPT = textwrap.dedent("""
     questions = load_questions(raw / "qa" / "hotpotqa.jsonl")[:4]
     retriever = BM25Retriever.build(PassageStore(passages))
     judge = ReferenceJudge(retriever)
-    scorer = hiprag_scorer(judge)
+    scorer = RolloutScorer(build_reward({"kind": "hiprag"}), over_judge=judge, under_judge=judge)
     function = AgentRolloutFunction(questions, retriever, scorer, AgentSpec(**json.loads(sys.argv[4])), seed=0,
                                     batch_size=4)
     settings = GRPOSettings(max_steps=3, save_steps=1, save_total_limit=None, **json.loads(sys.argv[5]))

@@ -16,6 +16,8 @@ over the whole batch — and the batch statistics; no trainer or pipeline names 
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,8 +61,6 @@ class RewardSettings(StrictModel):
         """The settings class of the reward a raw entry names (``kind``, default ``hiprag``)."""
         if cls is not RewardSettings or not isinstance(values, Mapping):
             return cls
-        from prorag.rewards.registry import DEFAULT_REWARD, reward_class
-
         if "method" in values and "kind" not in values:
             raise ValueError("`method` was renamed: name the reward with `kind:` (hiprag, search_r1, multistage, ...)")
         return reward_class(values.get("kind", DEFAULT_REWARD)).Settings
@@ -83,8 +83,6 @@ class RewardSettings(StrictModel):
 
 
 def _without_foreign_keys(settings: type[RewardSettings], values: Mapping[str, Any]) -> dict[str, Any]:
-    from prorag.rewards.registry import reward_class, reward_kinds
-
     own = set(settings.model_fields)
     others = {key for kind in reward_kinds() for key in reward_class(kind).Settings.model_fields} - own
     foreign = sorted(key for key in values if key in others)
@@ -179,3 +177,42 @@ class Reward:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.settings!r})"
+
+
+# ------------------------------------------------------------------------------------------ the lookup
+# The tables live here, beside the contract, so that validating a reward entry needs no import of the registry
+# module (which builds on this one); `prorag.rewards.registry` adds and removes entries.
+
+DEFAULT_REWARD: Final = "hiprag"
+
+# The built-in rewards, imported on first use: "module:attribute" of each reward class.
+_BUILTIN: Final[dict[str, str]] = {
+    "hiprag": "prorag.rewards.hiprag:HiPRAGReward",
+    "search_r1": "prorag.rewards.hiprag:SearchR1Reward",
+    "multistage": "prorag.rewards.multistage:MultistageReward",
+    "knowledge_matching": "prorag.rewards.tearag:KnowledgeMatchingReward",
+}
+
+_registered: dict[str, type[Reward]] = {}
+
+
+class UnknownRewardError(ValueError):
+    """A reward kind that is neither built in nor registered."""
+
+
+def reward_kinds() -> list[str]:
+    """Every reward kind :func:`reward_class` accepts."""
+    return sorted({*_BUILTIN, *_registered})
+
+
+def reward_class(kind: str) -> type[Reward]:
+    """The reward class registered as ``kind``."""
+    if kind in _registered:
+        return _registered[kind]
+    target = _BUILTIN.get(kind)
+    if target is None:
+        close = difflib.get_close_matches(str(kind), reward_kinds(), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UnknownRewardError(f"unknown reward kind {kind!r}{hint} (known: {', '.join(reward_kinds())})")
+    module, attribute = target.split(":")
+    return getattr(importlib.import_module(module), attribute)

@@ -8,31 +8,20 @@ A ``reward`` entry of conf is validated by :data:`RewardSpec`: its ``kind`` pick
 
 from __future__ import annotations
 
-import difflib
-import importlib
 from collections.abc import Mapping
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
 from pydantic import SerializeAsAny, ValidationError, WrapValidator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from prorag.rewards.base import Reward, RewardSettings
-
-DEFAULT_REWARD: Final = "hiprag"
-
-# The built-in rewards, imported on first use: "module:attribute" of each reward class.
-_BUILTIN: Final[dict[str, str]] = {
-    "hiprag": "prorag.rewards.hiprag:HiPRAGReward",
-    "search_r1": "prorag.rewards.hiprag:SearchR1Reward",
-    "multistage": "prorag.rewards.multistage:MultistageReward",
-    "knowledge_matching": "prorag.rewards.tearag:KnowledgeMatchingReward",
-}
-
-_registered: dict[str, type[Reward]] = {}
-
-
-class UnknownRewardError(ValueError):
-    """A reward kind that is neither built in nor registered."""
+from prorag.rewards.base import (
+    _BUILTIN,
+    Reward,
+    RewardSettings,
+    _registered,
+    reward_class,
+    reward_kinds,
+)
 
 
 def register_reward(reward: type[Reward], *, replace: bool = False) -> type[Reward]:
@@ -53,24 +42,6 @@ def register_reward(reward: type[Reward], *, replace: bool = False) -> type[Rewa
 def unregister_reward(kind: str) -> None:
     """Remove a reward added with :func:`register_reward` (built-ins stay)."""
     _registered.pop(kind, None)
-
-
-def reward_kinds() -> list[str]:
-    """Every reward kind :func:`reward_class` accepts."""
-    return sorted({*_BUILTIN, *_registered})
-
-
-def reward_class(kind: str) -> type[Reward]:
-    """The reward class registered as ``kind``."""
-    if kind in _registered:
-        return _registered[kind]
-    target = _BUILTIN.get(kind)
-    if target is None:
-        close = difflib.get_close_matches(str(kind), reward_kinds(), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UnknownRewardError(f"unknown reward kind {kind!r}{hint} (known: {', '.join(reward_kinds())})")
-    module, attribute = target.split(":")
-    return getattr(importlib.import_module(module), attribute)
 
 
 def reward_settings(values: Mapping[str, Any] | RewardSettings) -> RewardSettings:
