@@ -2,17 +2,15 @@
 (no scorer, trainer, pipeline or compare code changes), as a protocol is added with
 :func:`prorag.protocol.registry.register_protocol`.
 
-A ``reward`` entry of conf is validated by :data:`RewardSpec`: its ``kind`` picks the registered class, whose own
-``Settings`` then validate the rest (an unknown key names the closest valid one).
+A ``reward`` entry of conf is validated by :meth:`RewardSettings.model_validate <prorag.rewards.base.RewardSettings.
+model_validate>`: its ``kind`` picks the registered class, whose own ``Settings`` then validate the rest (an unknown
+key names the closest valid one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
-
-from pydantic import SerializeAsAny, ValidationError, WrapValidator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from typing import Any
 
 from prorag.rewards.base import (
     _BUILTIN,
@@ -55,25 +53,6 @@ def build_reward(settings: RewardSettings | Mapping[str, Any]) -> Reward:
     """The reward of a (validated or raw) reward entry."""
     settings = reward_settings(settings)
     return reward_class(settings.kind)(settings)
-
-
-def _validate(value: Any, handler: Any) -> RewardSettings:
-    if isinstance(value, RewardSettings):
-        return value
-    if not isinstance(value, Mapping):
-        raise PydanticCustomError("reward_type", "a reward entry must be a mapping with a `kind`")
-    try:
-        return reward_settings(value)
-    except ValidationError as error:  # re-raised with its locations, so errors name reward.<key>
-        raise ValidationError.from_exception_data(error.title, [
-            InitErrorDetails(type=PydanticCustomError(item["type"], item["msg"], item.get("ctx")),  # type: ignore[typeddict-item]
-                             loc=item["loc"], input=item.get("input")) for item in error.errors()]) from None
-    except ValueError as error:
-        raise PydanticCustomError("reward_kind", str(error)) from None
-
-
-RewardSpec = Annotated[SerializeAsAny[RewardSettings], WrapValidator(_validate)]
-"""The type of a ``reward`` entry in a parameter schema: validated by the settings of its kind's reward."""
 
 
 def check_reward_protocol(reward: RewardSettings, protocol: str) -> None:

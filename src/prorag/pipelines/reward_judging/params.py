@@ -1,7 +1,7 @@
 """Parameter schema of the reward-judging pipeline (``reward_judging``; see conf/base/parameters_reward_judging.yml).
 
-The reward, its judges and the re-ask budget are the shared ``reward`` block (:class:`prorag.specs.RewardSpec`)
-that RL trains with, so evaluation measures exactly what training optimized.
+The reward, its judges and the re-ask budget are the shared ``reward`` block that RL trains with (validated by the
+settings of its registered reward, :mod:`prorag.rewards.registry`), so evaluation measures what training optimized.
 """
 
 from __future__ import annotations
