@@ -10,10 +10,10 @@ from typing import Any, ClassVar
 
 import pytest
 from click.testing import CliRunner
-from kedro.config import OmegaConfigLoader
 from kedro.framework.cli.project import run
 from kedro.framework.session import KedroSession
 
+from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.settings import CONFIG_LOADER_ARGS
 
 TWO_FILES = ["data/01_raw/qa/hotpotqa.jsonl", "data/01_raw/qa/nq.jsonl"]

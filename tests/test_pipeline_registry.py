@@ -8,9 +8,9 @@ import warnings
 from pathlib import Path
 
 import pytest
-from kedro.config import OmegaConfigLoader
 from kedro.pipeline import Pipeline
 
+from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.pipeline_registry import register_pipelines
 from prorag.pipelines import tags
 from prorag.settings import CONFIG_LOADER_ARGS

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kedro.config import OmegaConfigLoader
 from pydantic import BaseModel
 
 from prorag.config import ParameterError, validate_parameters
+from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.pipeline_registry import register_pipelines
 from prorag.pipelines.parameter_schemas import PARAMETER_SCHEMAS, all_parameter_schemas
 from prorag.settings import CONFIG_LOADER_ARGS
@@ -44,11 +44,13 @@ def test_shared_blocks_are_the_only_declarations_of_their_settings():
 
 
 def test_training_and_evaluation_read_the_same_blocks():
-    assert {"rl.train_rl", "reward_judging.judge_trajectories"} <= _readers("params:reward")  # RL == judged
+    reward, agent = "params:methods.hiprag.reward", "params:methods.hiprag.agent"  # train = train_hiprag
+    assert {"rl.train_rl", "reward_judging.judge_trajectories"} <= _readers(reward)  # RL == judged
     assert {"sft_synthesis.synthesize_sft_data", "sft.train_sft", "rl.train_rl", "sft.run_policy_rollouts",
-            "rl.run_policy_rollouts"} <= _readers("params:agent")  # one protocol, prompt and budget
+            "rl.run_policy_rollouts"} <= _readers(agent)  # one protocol, prompt and budget
     assert {"sft.train_sft", "rl.train_rl", "rollout.run_rollouts", "sft.run_policy_rollouts",
             "rl.run_policy_rollouts", "reward_judging.judge_trajectories"} <= _readers("params:policy")  # named once
+    assert not _readers("params:agent") and not _readers("params:reward")  # nothing reads around the method
 
 
 def test_the_gpu_policy_server_serves_the_shared_model():
@@ -83,20 +85,26 @@ def _runtime_params(config: Path) -> dict:
     return yaml.safe_load(config.read_text())["run"]["params"]
 
 
-def test_the_multistage_paper_preset_validates_over_the_gpu_env():
+def _preset_parameters() -> dict:
     preset = CONF.parent / "experiments" / "multistage_gpu.yml"
     loader = OmegaConfigLoader(str(CONF), **{**CONFIG_LOADER_ARGS, "default_run_env": "gpu"},
                                runtime_params=_runtime_params(preset))
-    parsed = validate_parameters(loader["parameters"], all_parameter_schemas())
-    trainer = parsed["rl"].trainer
+    return loader["parameters"]
+
+
+def test_the_multistage_paper_preset_validates_over_the_gpu_env():
+    parsed = validate_parameters(_preset_parameters(), all_parameter_schemas())
+    multistage = parsed["methods"].multistage
+    trainer = multistage.stages.rl.trainer
     assert (trainer.loss_type, trainer.num_generations, trainer.max_steps, trainer.learning_rate) == \
         ("dapo", 32, 500, 1e-6)
     assert (trainer.epsilon, trainer.epsilon_high, trainer.beta, trainer.drop_uniform_groups) == (0.2, 0.28, 0.0, True)
-    assert trainer.refill_rounds > 0 and parsed["rl"].retriever.top_k == 5
-    assert (parsed["reward"].kind, parsed["agent"].protocol, parsed["agent"].step_budget) == \
-        ("multistage", "multistage", 5)
-    assert parsed["reward"].answer_judge.kind == "llm" and parsed["reward"].stage_switch_step > 0
+    assert trainer.refill_rounds > 0 and multistage.stages.rl.retriever.top_k == 5 == multistage.retriever.top_k
+    reward = multistage.reward_settings()
+    assert (reward.kind, multistage.agent.protocol, multistage.agent.step_budget) == ("multistage", "multistage", 5)
+    assert reward.answer_judge.kind == "llm" and reward.stage_switch_step > 0
     assert parsed["policy"].model == "Qwen/Qwen2.5-7B-Instruct"  # conf/gpu kept where the preset is silent
+    assert parsed["reward"].kind == "hiprag" and parsed["rl"].trainer.loss_type != "dapo"  # HiPRAG's untouched
 
 
 def test_the_multistage_preset_runs_a_pipeline_without_an_sft_stage():
@@ -144,3 +152,86 @@ def test_every_pipeline_finds_its_parameters_under_every_env():
                     for key in dataset.removeprefix("params:").split("."):
                         assert isinstance(node, dict) and key in node, f"{env}: {name} needs {dataset}"
                         node = node[key]
+
+
+ENVS = {"local": lambda: _parameters("local"), "cpu_long": lambda: _parameters("cpu_long"),
+        "gpu": lambda: _parameters("gpu"), "multistage_gpu preset": _preset_parameters}
+
+
+@pytest.mark.parametrize("env", sorted(ENVS))
+def test_every_evaluated_arm_runs_as_its_method_trains(env):
+    """Under every env and preset: a compare arm that names a method runs that method's agent (protocol, budgets)
+    and retriever, and every stage that trains the method retrieves with the same retriever; the trained
+    policies' rollouts use the method's agent; evaluation samples as the rollout does."""
+    from prorag.pipelines.compare.nodes import _method, _retriever_spec
+
+    parameters = _parameters_checked(env)
+    parsed = validate_parameters(parameters, all_parameter_schemas())
+    compare, methods = parsed["compare"], parameters["methods"]
+    named = [arm for arm in compare.arms if arm.method_name is not None]
+    assert {arm.method_name for arm in named} == set(methods)  # every method is evaluated by compare
+    for arm in named:
+        method = getattr(parsed["methods"], arm.method_name)
+        spec = _method(arm, methods)
+        expected = method.agent.model_dump(exclude={"name"}) | ({"few_shot": arm.few_shot} if arm.few_shot is not None
+                                                                else {})
+        assert {key: getattr(spec, key) for key in expected} == expected, (env, arm.name)
+        assert _retriever_spec(arm, compare, methods) == method.retriever, (env, arm.name)
+        for stage in ("sft_synthesis", "rl", "reasonrag_data"):
+            block = getattr(method.stages, stage)
+            if block is not None:
+                assert block.retriever == method.retriever, (env, arm.method_name, stage)
+        if method.stages.tearag is not None:
+            tearag = method.stages.tearag
+            assert (tearag.retriever.kind, tearag.retriever.top_k) == (method.retriever.kind, method.retriever.top_k)
+            assert tearag.agent.model_dump() == method.agent.model_dump()
+    baselines = [arm for arm in compare.arms if arm.method_name is None]
+    assert all(_retriever_spec(arm, compare, methods) == parsed["retriever"] for arm in baselines)
+    assert parsed["rollout"].retriever == parsed["retriever"]
+    rollout = parsed["rollout"]
+    assert (compare.temperature, compare.top_p, compare.seed) == (rollout.temperature, rollout.top_p, rollout.seed)
+
+
+def _parameters_checked(env: str) -> dict:
+    return ENVS[env]()
+
+
+def test_a_method_entry_overrides_only_what_it_names():
+    parameters = _parameters("gpu")
+    methods = parameters["methods"]
+    # Search-R1 is HiPRAG's run with λp = 0: it keeps the shared judges, budgets and retriever
+    assert methods["search_r1"]["reward"]["over_search_judge"] == parameters["reward"]["over_search_judge"]
+    assert "lambda_p" not in methods["search_r1"]["reward"]
+    assert methods["search_r1"]["agent"] == methods["hiprag"]["agent"] == parameters["agent"]
+    assert methods["search_r1"]["stages"]["rl"] == parameters["rl"]
+    assert methods["tearag"]["retriever"]["kind"] == "kag" and parameters["tearag"]["agent"] == \
+        methods["tearag"]["agent"]  # the standalone tearag block is the method's
+
+
+def test_method_errors_are_found_when_the_context_is_created(tmp_path):
+    from prorag.pipelines.parameter_schemas import check_method_references
+
+    parameters = _parameters("local")
+    catalog = OmegaConfigLoader(str(CONF), **CONFIG_LOADER_ARGS)["catalog"]
+    bad_arm = {**parameters["compare"], "arms": [*parameters["compare"]["arms"],
+                                                 {"name": "x", "method": "hiprgg", "adapter": "rl_adapter"}]}
+    with pytest.raises(ParameterError, match=r"method 'hiprgg' is not a methods entry; did you mean 'hiprag'"):
+        check_method_references({**parameters, "compare": bad_arm}, catalog)
+    renamed = {**parameters, "methods": {**parameters["methods"],
+                                         "hiprag": {**parameters["methods"]["hiprag"], "recipe": "rl_from_sft"}}}
+    with pytest.raises(ParameterError, match=r"methods\.hiprag: recipe/adapter rl_from_sft/rl_adapter differ"):
+        check_method_references(renamed, catalog, parameters["methods"])
+    with pytest.raises(ParameterError, match=r"methods\.hiprag\.adapter: 'nowhere' is not a catalog dataset"):
+        check_method_references({**parameters, "methods": {"hiprag": {**parameters["methods"]["hiprag"],
+                                                                      "adapter": "nowhere"}}}, catalog)
+    with pytest.raises(ParameterError, match=r"`agent: agent` is now `method: <name>`"):
+        validate_parameters({**parameters, "compare": {**parameters["compare"], "arms": [
+            {"name": "a", "agent": "agent", "adapter": "rl_adapter"}, *parameters["compare"]["arms"]]}},
+            all_parameter_schemas())
+    with pytest.raises(ParameterError, match=r"reward 'multistage' scores the multistage protocol"):
+        loader = OmegaConfigLoader(str(CONF), **CONFIG_LOADER_ARGS,
+                                   runtime_params={"methods": {"hiprag": {"reward": {"kind": "multistage"}}}})
+        validate_parameters(loader["parameters"], all_parameter_schemas())
+    with pytest.raises(ParameterError, match=r"methods\.hiprag: .*not stages of recipe 'sft_rl'"):
+        OmegaConfigLoader(str(CONF), **CONFIG_LOADER_ARGS,
+                          runtime_params={"methods": {"hiprag": {"stages": {"dpo": {}}}}})["parameters"]

@@ -98,13 +98,23 @@ class ParameterValidationHook:
 
     @hook_impl(tryfirst=True)
     def after_context_created(self, context: KedroContext) -> None:
-        from prorag.pipelines.parameter_schemas import all_parameter_schemas  # the one explicit list
+        from prorag.pipeline_registry import configured_methods
+        from prorag.pipelines.parameter_schemas import (  # the one explicit list
+            all_parameter_schemas,
+            check_method_references,
+        )
 
         try:
             parameters = context.config_loader["parameters"]  # raw, runtime parameters merged; not context.params
         except MissingConfigException:
             return
         validate_parameters(parameters, all_parameter_schemas())
+        try:
+            catalog = context.config_loader["catalog"]
+        except MissingConfigException:
+            catalog = {}
+        registered = configured_methods(Path(context.project_path)) if "methods" in parameters else None
+        check_method_references(parameters, catalog, registered)
 
     @hook_impl(tryfirst=True)  # before the tracking hook opens an MLflow run for a run that cannot start
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,

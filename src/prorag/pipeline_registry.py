@@ -3,6 +3,11 @@
 Registered explicitly rather than with ``find_pipelines``: Kedro 1.7 imports only the packages named on the
 command line, and composed pipelines such as ``train`` have no package of their own.
 
+Training pipelines are built from the ``methods`` map (conf/base/parameters_methods.yml, plus conf/local): one
+``train_<method>`` per entry, composed by its ``recipe`` with the method's parameters mapped in
+(``params:agent`` -> ``params:methods.<method>.agent``, ``params:rl`` -> ``params:methods.<method>.stages.rl``, …).
+``train`` (the default) is ``train_hiprag``.
+
 Each stage is a modular pipeline in its own namespace (``data_preparation``, ``corpus_indexing``, ``rollout``,
 ``sft``, ``rl``, …; a trained policy's rollouts share its trainer's namespace, the concatenation of trajectories
 is in ``evaluation``), with datasets not prefixed: node names are ``<stage>.<node>`` (``kedro run --nodes
@@ -12,8 +17,16 @@ rl.train_rl``, ``--namespaces rl``) and kedro-viz collapses each stage. Nodes ca
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kedro.framework.project import settings
 from kedro.pipeline import Node, Pipeline, pipeline
 
+from prorag.config_loader import ProjectConfigLoader
+from prorag.methods import RECIPE_STAGES
 from prorag.pipelines import (
     compare,
     corpus_indexing,
@@ -40,9 +53,41 @@ def _concat(*trajectories: str) -> Pipeline:
                     namespace="evaluation", prefix_datasets_with_namespace=False, tags=[tags.EVALUATION])
 
 
+DEFAULT_METHOD = "hiprag"
+"""The method ``train`` (the default pipeline) trains."""
+
+
+def configured_methods(project_path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The resolved ``methods`` map of conf/base + conf/local (the envs change a method's settings, not which
+    methods exist or their recipes: the validation hook checks that a run's env agrees)."""
+    root = project_path or _project_path()
+    with warnings.catch_warnings():  # Kedro's own resolver-registration deprecation notices, once per loader
+        warnings.simplefilter("ignore", UserWarning)
+        loader = ProjectConfigLoader(conf_source=str(root / settings.CONF_SOURCE), **settings.CONFIG_LOADER_ARGS)
+        return dict(loader["parameters"].get("methods") or {})
+
+
+def _project_path() -> Path:
+    for candidate in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (candidate / settings.CONF_SOURCE / "base").is_dir():
+            return candidate
+    raise FileNotFoundError(f"no {settings.CONF_SOURCE}/base folder in {Path.cwd()} or the source checkout: run "
+                            "kedro from the project root")
+
+
+def for_method(name: str, method: Mapping[str, Any], stages: Pipeline) -> Pipeline:
+    """``stages`` reading method ``name``'s parameters: its agent, reward and retriever and its recipe's stage
+    blocks (only the ``params:`` inputs the pipeline has are mapped)."""
+    used = {dataset for dataset in stages.inputs() if dataset.startswith("params:")}
+    mapping = {f"params:{block}": f"params:methods.{name}.{block}" for block in ("agent", "reward", "retriever")}
+    mapping |= {f"params:{stage}": f"params:methods.{name}.stages.{stage}" for stage in RECIPE_STAGES[method["recipe"]]}
+    return pipeline(stages, parameters={source: target for source, target in mapping.items() if source in used})
+
+
 def register_pipelines() -> dict[str, Pipeline]:
-    """Every pipeline package, plus ``index``, ``evaluate``, ``train_sft`` and ``train`` (the end-to-end job, the
-    default)."""
+    """Every pipeline package, ``train_<method>`` per ``methods`` entry, plus ``index``, ``evaluate``,
+    ``train_sft``, ``train_rl``, ``train_rl_instruct`` and ``train`` (the end-to-end job, the default)."""
+    methods = configured_methods()
     pipelines = {
         "data_preparation": data_preparation.create_pipeline(),
         "corpus_indexing": corpus_indexing.create_pipeline(),
@@ -55,71 +100,107 @@ def register_pipelines() -> dict[str, Pipeline]:
         "kg_extraction": kg_extraction.create_pipeline(),
         "reasonrag_data": reasonrag_data.create_pipeline(),
         "dpo": dpo.create_pipeline(),
+        "tearag": tearag.create_pipeline(),
         # compare: every arm (baselines, base agent, each trained method's latest adapter) on the same dev questions
         # of every dataset → comparison.csv / .md, paired tests, plots (run after the training pipelines you want)
         "compare": compare.create_pipeline(judging=reward_judging.create_pipeline()),
     }
+    # the stage pipelines of a method with its own agent read that method's parameters when run alone
+    for stage, owner in (("reasonrag_data", "reasonrag"), ("dpo", "reasonrag"), ("tearag", "tearag")):
+        if owner in methods:
+            pipelines[stage] = for_method(owner, methods[owner], pipelines[stage])
     pipelines["judge"] = pipelines["reward_judging"]
     pipelines["index"] = pipelines["data_preparation"] + pipelines["corpus_indexing"]
     # evaluate: roll out every configured method on the indexed questions, summarize, judge OSR/USR and rewards
     pipelines["evaluate"] = pipelines["rollout"] + pipelines["evaluation"] + pipelines["reward_judging"]
-    # evaluated_questions: every question an evaluation answers (rollout ∪ compare questions); every trainer's
-    # question selection excludes it, by key and by question text
-    evaluated = (pipelines["rollout"].only_nodes("rollout.select_rollout_questions")
-                 + pipelines["compare"].only_nodes("compare.select_compare_questions")
-                 + rollout.evaluated_questions_pipeline())
-    # the trained agent (the ``agent`` block) rolled out per trained policy: one modular pipeline per stage
-    trained_rollouts = {stage: trained_policy_rollouts(stage, tags.TRAINED_AGENT) for stage in ("sft", "rl")}
-    judged = pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
-                      inputs={"trajectories": "all_trajectories"})
-    # train: index → base rollouts → SFT data → LoRA SFT → GRPO → base, SFT and RL policies evaluated side by side
-    pipelines["train"] = (
-        pipelines["index"] + pipelines["rollout"] + evaluated + pipelines["sft_synthesis"] + pipelines["sft"]
-        + pipelines["rl"] + trained_rollouts["sft"] + trained_rollouts["rl"]
-        + _concat("trajectories", "sft_policy_trajectories", "rl_policy_trajectories")
-        + judged)
-    # train_sft: the same without RL (index → base rollouts → SFT data → SFT → base and SFT evaluated)
+    recipes = _Recipes(pipelines)
+    for name, method in methods.items():
+        pipelines[f"train_{name}"] = for_method(name, method, recipes.build(name, method))
+    # train_sft: index → base rollouts → SFT data → SFT → base and SFT evaluated (HiPRAG's agent, no RL)
     pipelines["train_sft"] = (
-        pipelines["index"] + pipelines["rollout"] + evaluated + pipelines["sft_synthesis"] + pipelines["sft"]
-        + trained_rollouts["sft"]
-        + _concat("trajectories", "sft_policy_trajectories")
-        + judged)
+        pipelines["index"] + pipelines["rollout"] + recipes.evaluated + pipelines["sft_synthesis"] + pipelines["sft"]
+        + recipes.trained_rollouts["sft"] + _concat("trajectories", "sft_policy_trajectories") + recipes.judged)
     # train_rl: GRPO from the latest SFT adapter, then the RL policy evaluated and judged (reward experiments)
     pipelines["train_rl"] = (
-        evaluated + pipelines["rl"] + trained_rollouts["rl"]
+        recipes.evaluated + pipelines["rl"] + recipes.trained_rollouts["rl"]
         + pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
                    inputs={"trajectories": "rl_policy_trajectories"}))
-    # train_rl_instruct: GRPO from the instruct model with no SFT stage (rl.init: instruct; the multi-stage preset and
-    # HiPRAG at paper scale), then the RL policy evaluated and judged
-    pipelines["train_rl_instruct"] = (
-        pipelines["index"] + evaluated + rl.create_pipeline(from_sft=False) + trained_rollouts["rl"]
-        + pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
-                   inputs={"trajectories": "rl_policy_trajectories"}))
-    # train_search_r1: the same GRPO run with the Search-R1 reward (λp = 0) → search_r1_adapter, for `compare`
-    pipelines["train_search_r1"] = (
-        evaluated
-        + pipeline(pipelines["rl"], namespace="search_r1", prefix_datasets_with_namespace=False,
-                   parameters={"params:reward": "params:search_r1_reward"},
-                   outputs={"rl_adapter": "search_r1_adapter", "rl_training_log": "search_r1_training_log"}))
-    # train_tearag (TeaRAG §4.3): index → KG → SFT data → SFT → IP-DPO rounds → TeaRAG rollouts → evaluation, judging
-    pipelines["tearag"] = tearag.create_pipeline()
-    tearag_outputs = {name: f"tearag_{name}" for name in ("evaluation_table", "evaluation_metrics", "step_verdicts",
-                                                           "trajectory_rewards", "judge_metrics")}
-    pipelines["train_tearag"] = (
-        pipelines["index"] + pipelines["kg_extraction"]
-        + evaluated + pipelines["tearag"]
-        + pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
-                   inputs={"trajectories": "tearag_trajectories"}, outputs=tearag_outputs))
+    # train_rl_instruct: GRPO from the instruct model with no SFT stage (rl.init: instruct; HiPRAG at paper scale)
+    pipelines["train_rl_instruct"] = recipes.rl_from_instruct(evaluate=True)
     # rollout_kag: the rollout with the knowledge graph attached to the index (rollout.retriever.kind: kag / kag_concat)
     pipelines["rollout_kag"] = kg_extraction.attach_pipeline() + pipeline(
         pipelines["rollout"], inputs={"retrieval_index": "kag_retrieval_index"})
-    # train_reasonrag (ReasonRAG §2): index → MCTS trees → step-level pairs → DPO → the DPO policy rolled out as the
-    # ReasonRAG agent (reasonrag_agent) beside the base methods on the same dev questions → evaluation and judging
-    pipelines["train_reasonrag"] = (
-        pipelines["index"] + pipelines["rollout"] + evaluated + pipelines["reasonrag_data"] + pipelines["dpo"]
-        + pipeline(trained_policy_rollouts("dpo", [tags.REASONRAG]),
-                   parameters={"params:agent": "params:reasonrag_agent"})
-        + _concat("trajectories", "dpo_policy_trajectories")
-        + judged)
+    pipelines["train"] = pipelines.get(f"train_{DEFAULT_METHOD}", pipelines["train_sft"])
     pipelines["__default__"] = pipelines["train"]
     return pipelines
+
+
+class _Recipes:
+    """The stage compositions a method's ``recipe`` names (:data:`prorag.methods.RECIPE_STAGES`)."""
+
+    def __init__(self, pipelines: dict[str, Pipeline]) -> None:
+        self.pipelines = pipelines
+        # evaluated_questions: every question an evaluation answers (rollout ∪ compare questions); every trainer's
+        # question selection excludes it, by key and by question text
+        self.evaluated = (pipelines["rollout"].only_nodes("rollout.select_rollout_questions")
+                          + pipelines["compare"].only_nodes("compare.select_compare_questions")
+                          + rollout.evaluated_questions_pipeline())
+        # the trained agent (the ``agent`` block) rolled out per trained policy: one modular pipeline per stage
+        self.trained_rollouts = {stage: trained_policy_rollouts(stage, tags.TRAINED_AGENT) for stage in ("sft", "rl")}
+        self.judged = pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
+                               inputs={"trajectories": "all_trajectories"})
+
+    def build(self, name: str, method: Mapping[str, Any]) -> Pipeline:
+        recipe, adapter = method["recipe"], method["adapter"]
+        if recipe == "sft_rl":
+            # index → base rollouts → SFT data → LoRA SFT → GRPO → base, SFT and RL policies evaluated side by side
+            built = (self.pipelines["index"] + self.pipelines["rollout"] + self.evaluated
+                     + self.pipelines["sft_synthesis"] + self.pipelines["sft"] + self.pipelines["rl"]
+                     + self.trained_rollouts["sft"] + self.trained_rollouts["rl"]
+                     + _concat("trajectories", "sft_policy_trajectories", "rl_policy_trajectories") + self.judged)
+            return _renamed(built, {"rl_adapter": adapter, "rl_training_log": f"{name}_training_log"})
+        if recipe == "rl_from_sft":
+            # GRPO continuing the latest SFT adapter → <adapter>, evaluated by `compare`
+            return self.evaluated + pipeline(
+                self.pipelines["rl"], namespace=name, prefix_datasets_with_namespace=False,
+                outputs={"rl_adapter": adapter, "rl_training_log": f"{name}_training_log"})
+        if recipe == "rl_from_instruct":
+            return _renamed(self.rl_from_instruct(evaluate=True),
+                            {"rl_adapter": adapter, "rl_training_log": f"{name}_training_log"})
+        if recipe == "mcts_dpo":
+            # ReasonRAG §2: index → MCTS trees → step-level pairs → DPO → the DPO policy rolled out with the method's
+            # agent beside the base methods on the same dev questions → evaluation and judging
+            built = (self.pipelines["index"] + self.pipelines["rollout"] + self.evaluated
+                     + reasonrag_data.create_pipeline() + dpo.create_pipeline()
+                     + trained_policy_rollouts("dpo", [tags.REASONRAG])
+                     + _concat("trajectories", "dpo_policy_trajectories") + self.judged)
+            return _renamed(built, {"dpo_adapter": adapter})
+        if recipe == "tearag":
+            # TeaRAG §4.3: index → KG → SFT data → SFT → IP-DPO rounds → TeaRAG rollouts → evaluation, judging
+            outputs = {name: f"tearag_{name}" for name in ("evaluation_table", "evaluation_metrics", "step_verdicts",
+                                                           "trajectory_rewards", "judge_metrics")}
+            built = (self.pipelines["index"] + self.pipelines["kg_extraction"] + self.evaluated
+                     + tearag.create_pipeline()
+                     + pipeline(self.pipelines["evaluation"] + self.pipelines["reward_judging"],
+                                inputs={"trajectories": "tearag_trajectories"}, outputs=outputs))
+            return _renamed(built, {"tearag_adapter": adapter})
+        raise ValueError(f"methods.{name}.recipe: unknown recipe {recipe!r}")
+
+    def rl_from_instruct(self, *, evaluate: bool) -> Pipeline:
+        """index → GRPO from ``policy.model`` (no SFT stage) → the RL policy evaluated and judged."""
+        built = self.pipelines["index"] + self.evaluated + rl.create_pipeline(from_sft=False)
+        if evaluate:
+            built += self.trained_rollouts["rl"] + pipeline(
+                self.pipelines["evaluation"] + self.pipelines["reward_judging"],
+                inputs={"trajectories": "rl_policy_trajectories"})
+        return built
+
+
+def _renamed(built: Pipeline, names: dict[str, str]) -> Pipeline:
+    """``built`` with datasets renamed (the identity names left out, so the default method's names are kept)."""
+    renames = {old: new for old, new in names.items() if old != new}
+    if not renames:
+        return built
+    inputs = {old: new for old, new in renames.items() if old in built.inputs()}
+    outputs = {old: new for old, new in renames.items() if old in built.all_outputs()}
+    return pipeline(built, inputs=inputs or None, outputs=outputs or None)

@@ -2,6 +2,7 @@
 
 import os
 
+from prorag.config_loader import ProjectConfigLoader
 from prorag.hooks import MlflowTrackingHook, ParameterValidationHook, RunVersionHook
 from prorag.tracking.timing import NodeTimingHook
 
@@ -17,3 +18,6 @@ CONFIG_LOADER_ARGS = {
     "default_run_env": "local",
     "merge_strategy": {"parameters": "soft"},
 }
+
+# `parameters` come back with the `methods` map resolved (complete entries, stage blocks with their retrievers).
+CONFIG_LOADER_CLASS = ProjectConfigLoader

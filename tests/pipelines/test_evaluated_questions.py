@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kedro.config import OmegaConfigLoader
 
+from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.data import Question, load_questions, question_text_key
 from prorag.pipeline_registry import register_pipelines
 from prorag.pipelines.compare.nodes import select_compare_questions

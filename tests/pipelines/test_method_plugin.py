@@ -21,7 +21,6 @@ from prorag.pipelines.compare.params import CompareParams
 from prorag.pipelines.kg_extraction.params import KgExtractionParams
 from prorag.pipelines.reward_judging.nodes import judge_trajectories
 from prorag.pipelines.reward_judging.params import RewardJudgingParams
-from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.rewards.base import RewardSettings, ScoringContext
 from prorag.rewards.registry import check_reward_protocol, register_reward, reward_kinds, unregister_reward
 from prorag.specs import PolicySpec, RetrieverSpec, SamplingSpec, TrainedAgentSpec
@@ -103,10 +102,11 @@ def test_a_fifth_method_runs_through_rollout_reward_grpo_compare_and_judging(inf
     artifacts = {"info_gain_adapter": {"data": str(adapter), "version": "test", "made_by": "train_info_gain"}}
     params = CompareParams(questions={"max_per_source": 1}, retriever={"kind": "bm25", "top_k": 2},
                            arms=[{"name": "standard_rag", "method": {"kind": "standard_rag", "max_new_tokens": 8}},
-                                 {"name": "info_gain_grpo", "agent": "agent", "adapter": "info_gain_adapter"}],
+                                 {"name": "info_gain_grpo", "method": "info_gain", "adapter": "info_gain_adapter"}],
                            bootstrap_resamples=100, permutation_resamples=99)
-    records, arms = run_compare_rollouts(questions[:2], index, artifacts, params, TINY, AGENT, AGENT,
-                                         TeaRAGParams(), KgExtractionParams())
+    methods = {"info_gain": {"recipe": "rl_from_sft", "adapter": "info_gain_adapter", "agent": AGENT.model_dump(),
+                             "reward": ENTRY, "retriever": {"kind": "bm25", "top_k": 2}}}  # its conf entry, resolved
+    records, arms = run_compare_rollouts(questions[:2], index, artifacts, params, TINY, methods, KgExtractionParams())
     assert dict(zip(arms["arm"], arms["status"], strict=True)) == {"standard_rag": "ran", "info_gain_grpo": "ran"}
     trained = [record for record in records if record["method"] == "info_gain_grpo"]
     assert {record["question_key"] for record in trained} == {question.key for question in chosen}

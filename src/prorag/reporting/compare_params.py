@@ -5,7 +5,7 @@ questions out of its training data); :mod:`prorag.pipelines.compare.params` re-e
 from __future__ import annotations
 
 from collections import Counter
-from typing import Literal
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
@@ -13,37 +13,44 @@ from prorag.config import StrictModel
 from prorag.data.selection import QuestionSelection
 from prorag.specs import JudgeSpec, MethodSettings, PositiveInt, RetrieverSpec, SamplingSpec
 
-AgentBlock = Literal["agent", "reasonrag_agent", "multistage_agent", "tearag"]
-"""The parameter blocks that hold a trained agent's protocol and budgets (``tearag``: its ``agent`` and
-``retriever``)."""
+METHOD_KEY = r"^[a-z][a-z0-9_]*$"
 
 
 class CompareArm(StrictModel):
     """One row of the comparison: a method run by a policy.
 
-    Either ``method`` (a baseline, or an agent with its own budgets) or ``agent`` (the block of a trained agent:
-    its protocol and budgets, so the arm evaluates the agent exactly as it was trained). ``adapter`` names an
-    entry of the ``trained_artifacts`` dataset (e.g. ``sft_adapter``): the arm runs that adapter's latest version,
-    and is skipped — with the pipeline that makes it — while none exists.
+    ``method`` is either the name of a ``methods`` entry (the arm runs that method's agent — protocol, budgets —
+    and retriever, exactly as the method trains it) or inline settings (a baseline, or a prompted agent with its
+    own budgets). ``adapter`` names an entry of the ``trained_artifacts`` dataset (e.g. ``sft_adapter``): the arm
+    runs that adapter's latest version, and is skipped — with the pipeline that makes it — while none exists.
     """
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    method: MethodSettings | None = None
-    agent: AgentBlock | None = None
+    method: MethodSettings | Annotated[str, Field(pattern=METHOD_KEY)]
     adapter: str | None = None
     few_shot: bool | None = None
-    """Overrides the agent block's ``few_shot`` (e.g. the base policy prompted with the worked examples)."""
+    """Overrides the method agent's ``few_shot`` (e.g. the base policy prompted with the worked examples)."""
     retriever: RetrieverSpec | None = None
-    """Overrides ``compare.retriever`` (and the ``tearag`` block's retriever)."""
+    """Overrides the method's retriever (or ``compare.retriever`` for inline methods)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, values: Any) -> Any:
+        if isinstance(values, dict) and "agent" in values:
+            raise ValueError(f"arm {values.get('name')!r}: `agent: {values['agent']}` is now `method: <name>`, the "
+                             "name of a methods entry (conf/base/parameters_methods.yml)")
+        return values
 
     @model_validator(mode="after")
-    def _one_method(self) -> CompareArm:
-        if (self.method is None) == (self.agent is None):
-            raise ValueError(f"arm {self.name!r}: give exactly one of method (a baseline or prompted agent) or "
-                             "agent (a trained agent's parameter block)")
-        if self.method is not None and self.few_shot is not None:
+    def _few_shot_placement(self) -> CompareArm:
+        if isinstance(self.method, MethodSettings) and self.few_shot is not None:
             raise ValueError(f"arm {self.name!r}: few_shot goes inside method")
         return self
+
+    @property
+    def method_name(self) -> str | None:
+        """The ``methods`` entry the arm runs; None for inline settings."""
+        return self.method if isinstance(self.method, str) else None
 
 
 class CompareParams(SamplingSpec):
@@ -52,6 +59,7 @@ class CompareParams(SamplingSpec):
     questions: QuestionSelection = QuestionSelection(max_per_source=5)
     arms: list[CompareArm] = Field(min_length=2)
     retriever: RetrieverSpec = RetrieverSpec()
+    """The retriever of inline-method arms (baselines); the shared ``retriever`` unless set here."""
     reference: str = "standard_rag"
     """The arm every other arm is tested against in the report (the CSV has every pair)."""
     skip_untrained: bool = True

@@ -35,7 +35,7 @@ def producers(dataset: str, pipelines: Iterable[PipelineShape], has_data: Callab
     pipelines tied on inputs without data — and a pipeline registered twice (an alias, ``__default__``) once."""
     ranked: list[tuple[int, int, str]] = []
     seen: set[tuple[frozenset[str], frozenset[str], int]] = set()
-    for shape in pipelines:
+    for shape in sorted(pipelines, key=lambda shape: len(shape.name)):  # an alias: its shortest name (train)
         key = (shape.inputs, shape.outputs, shape.size)
         if dataset not in shape.outputs or shape.name.startswith("__") or key in seen:
             continue

@@ -10,12 +10,12 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from kedro.config import OmegaConfigLoader
 from kedro.io.core import Version
 from matplotlib.figure import Figure
 
 from prorag.agent import producing_policy
 from prorag.agent.trajectory import Rollout
+from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.data import load_questions
 from prorag.datasets import DirectoryDataset, LatestVersionsDataset
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
@@ -42,6 +42,11 @@ RAW = PROJECT_ROOT / "data" / "01_raw"
 TINY = PolicySpec(model=BUNDLED_TINY_LLAMA, batch_size=8)
 AGENT = TrainedAgentSpec(step_budget=2, max_new_tokens_per_turn=16, max_total_new_tokens=32)
 SOURCES = ("hotpotqa", "popqa", "nq")
+METHODS = {  # resolved methods entries (prorag.methods.resolve_parameters), as the compare node reads them
+    "hiprag": {"agent": AGENT.model_dump(), "retriever": {"kind": "bm25", "top_k": 3}},
+    "search_r1": {"agent": AGENT.model_dump(), "retriever": {"kind": "bm25", "top_k": 3}},
+    "tearag": {"agent": TeaRAGParams().agent.model_dump(), "retriever": {"kind": "kag", "top_k": 3}},
+}
 
 
 def _params(**overrides: Any) -> CompareParams:
@@ -53,9 +58,9 @@ def _params(**overrides: Any) -> CompareParams:
             {"name": "standard_rag", "method": {"kind": "standard_rag", "max_new_tokens": 8}},
             {"name": "hiprag_base", "method": {"kind": "agent", "step_budget": 2, "max_new_tokens_per_turn": 16,
                                                "max_total_new_tokens": 32}},
-            {"name": "hiprag_sft", "agent": "agent", "adapter": "sft_adapter"},
-            {"name": "search_r1_rl", "agent": "agent", "adapter": "search_r1_adapter"},
-            {"name": "tearag_ip_dpo", "agent": "tearag", "adapter": "sft_adapter"},
+            {"name": "hiprag_sft", "method": "hiprag", "adapter": "sft_adapter"},
+            {"name": "search_r1_rl", "method": "search_r1", "adapter": "search_r1_adapter"},
+            {"name": "tearag_ip_dpo", "method": "tearag", "adapter": "sft_adapter"},
         ],
         "bootstrap_resamples": 200, "permutation_resamples": 999,
     }
@@ -87,8 +92,7 @@ def artifacts(tmp_path_factory, tiny_lora_adapter: str) -> dict[str, dict[str, A
 def compared(question_records, index, artifacts) -> tuple[list[dict[str, Any]], pd.DataFrame]:
     params = _params()
     selected = select_compare_questions(question_records, params)
-    return run_compare_rollouts(selected, index, artifacts, params, TINY, AGENT, AGENT, TeaRAGParams(),
-                                KgExtractionParams())
+    return run_compare_rollouts(selected, index, artifacts, params, TINY, METHODS, KgExtractionParams())
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +116,9 @@ def test_every_arm_answers_the_same_questions_and_untrained_arms_say_what_makes_
                       "search_r1_rl": "skipped", "tearag_ip_dpo": "skipped"}
     reasons = dict(zip(arms["arm"], arms["reason"], strict=True))
     assert reasons["search_r1_rl"] == ("search_r1_adapter has no version yet: "
-                                       "run `kedro run --pipeline=train_search_r1` first")
+                                       "run `kedro run --pipelines=train_search_r1` first")
     assert reasons["tearag_ip_dpo"] == ("knowledge_graph has no version yet: "
-                                        "run `kedro run --pipeline=kg_extraction` first")
+                                        "run `kedro run --pipelines=kg_extraction` first")
     assert arms.set_index("arm").loc["hiprag_sft", "adapter_version"]
     keys = {method: {r["question_key"] for r in records if r["method"] == method} for method in status}
     assert len(keys["direct"]) == 2 * len(SOURCES)
@@ -128,8 +132,7 @@ def test_every_arm_answers_the_same_questions_and_untrained_arms_say_what_makes_
 def test_an_untrained_arm_is_an_error_when_skipping_is_off(question_records, index, artifacts):
     params = _params(skip_untrained=False)
     with pytest.raises(ValueError, match=r"search_r1_rl.*train_search_r1"):
-        run_compare_rollouts(question_records[:1], index, artifacts, params, TINY, AGENT, AGENT, TeaRAGParams(),
-                             KgExtractionParams())
+        run_compare_rollouts(question_records[:1], index, artifacts, params, TINY, METHODS, KgExtractionParams())
 
 
 def test_table_tests_report_and_plots(compared, index, tmp_path):
@@ -187,7 +190,7 @@ def test_the_compare_pipeline_and_its_catalog_agree():
     pipelines = register_pipelines()
     assert {"compare", "train_search_r1"} <= set(pipelines)
     assert "search_r1_adapter" in pipelines["train_search_r1"].all_outputs()
-    assert "params:search_r1_reward" in pipelines["train_search_r1"].all_inputs()
+    assert "params:methods.search_r1.reward" in pipelines["train_search_r1"].all_inputs()
     catalog = OmegaConfigLoader(str(PROJECT_ROOT / "conf"), base_env="base", default_run_env="local")["catalog"]
     for name, entry in catalog["trained_artifacts"]["datasets"].items():
         assert (entry["type"], entry["filepath"]) == (catalog[name]["type"], catalog[name]["filepath"]), name

@@ -14,7 +14,9 @@ def test_train_reasonrag_wiring() -> None:
             "dpo.run_policy_rollouts", "evaluation.concat_trajectories", "evaluation.evaluate_trajectories",
             "reward_judging.judge_trajectories"} <= names
     rollout = next(node for node in train.nodes if node.name == "dpo.run_policy_rollouts")
-    assert "dpo_adapter" in rollout.inputs and "params:reasonrag_agent" in rollout.inputs
+    assert "dpo_adapter" in rollout.inputs and "params:methods.reasonrag.agent" in rollout.inputs
+    mcts = next(node for node in train.nodes if node.name == "reasonrag_data.run_reasonrag_mcts")
+    assert "params:methods.reasonrag.agent" in mcts.inputs  # the MCTS explores with the prompt DPO is rolled out in
     assert rollout.outputs == ["dpo_policy_trajectories"]
     select = next(node for node in train.nodes if node.name == "reasonrag_data.select_reasonrag_questions")
     assert "evaluated_questions" in select.inputs  # the evaluated questions are excluded from training

@@ -23,7 +23,7 @@ from prorag.specs import PolicySpec, TrainedAgentSpec
 
 AGENT = TrainedAgentSpec()
 COMPARE = CompareParams(arms=[{"name": "standard_rag", "method": {"kind": "standard_rag"}},
-                              {"name": "sft", "agent": "agent", "adapter": "sft_adapter"}])
+                              {"name": "sft", "method": "hiprag", "adapter": "sft_adapter"}])
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -26,7 +26,6 @@ from prorag.reporting.comparison import (
 )
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import MethodSpec, PolicySpec, RetrieverSpec, TrainedAgentSpec
-from prorag.training.tearag_params import TeaRAGParams
 
 logger = logging.getLogger(__name__)
 
@@ -42,17 +41,16 @@ def select_compare_questions(question_records: list[dict[str, Any]], params: Com
 
 def run_compare_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex,
                          artifacts: dict[str, dict[str, Any]], params: CompareParams, policy: PolicySpec,
-                         agent: TrainedAgentSpec, reasonrag_agent: TrainedAgentSpec, tearag: TeaRAGParams,
-                         kg: KgExtractionParams) -> tuple[list[dict[str, Any]], pd.DataFrame]:
+                         methods: dict[str, Any], kg: KgExtractionParams,
+                         ) -> tuple[list[dict[str, Any]], pd.DataFrame]:
     """Every arm on the same questions: baselines and prompted agents with the base policy, trained agents with
-    the latest version of their adapter (in their own protocol and budgets). Returns the trajectories (method =
-    arm name) and one row per arm — what it ran (policy, adapter version) or why it was skipped and which
-    pipeline makes what it lacks."""
+    the latest version of their adapter (the agent and retriever of the method they name, as it trained). Returns
+    the trajectories (method = arm name) and one row per arm — what it ran (policy, adapter version) or why it was
+    skipped and which pipeline makes what it lacks."""
     questions = [Question.from_dict(record) for record in question_records]
-    blocks = {"agent": agent, "reasonrag_agent": reasonrag_agent, "tearag": tearag.agent}
     plans, rows = [], []
     for arm in params.arms:
-        missing = _missing_artifact(arm, artifacts, params, tearag)
+        missing = _missing_artifact(arm, artifacts, params, methods)
         if missing is not None:
             if not params.skip_untrained:
                 raise ValueError(f"compare arm {arm.name!r}: {missing}")
@@ -64,7 +62,7 @@ def run_compare_rollouts(question_records: list[dict[str, Any]], index: Retrieva
         if arm.adapter is not None:
             arm_policy = policy.with_trained(artifacts[arm.adapter]["data"])
             version = artifacts[arm.adapter]["version"]
-        plans.append((arm, _method(arm, blocks), arm_policy, _retriever_spec(arm, params, tearag)))
+        plans.append((arm, _method(arm, methods), arm_policy, _retriever_spec(arm, params, methods)))
         rows.append(_arm_row(arm, "ran", "", version=version))
     if KNOWLEDGE_GRAPH in artifacts and artifacts[KNOWLEDGE_GRAPH]["data"] is not None and any(
             spec.kind.startswith("kag") for *_, spec in plans):
@@ -125,9 +123,9 @@ def report_comparison(trajectory_records: list[dict[str, Any]], arms: pd.DataFra
 
 
 def _missing_artifact(arm: CompareArm, artifacts: dict[str, dict[str, Any]], params: CompareParams,
-                      tearag: TeaRAGParams) -> str | None:
+                      methods: dict[str, Any]) -> str | None:
     needed = [] if arm.adapter is None else [arm.adapter]
-    if _retriever_spec(arm, params, tearag).kind.startswith("kag"):
+    if _retriever_spec(arm, params, methods).kind.startswith("kag"):
         needed.append(KNOWLEDGE_GRAPH)
     for name in needed:
         if name not in artifacts:
@@ -135,26 +133,34 @@ def _missing_artifact(arm: CompareArm, artifacts: dict[str, dict[str, Any]], par
                              f"dataset ({', '.join(sorted(artifacts))}); add it in conf/base/catalog.yml")
         if artifacts[name]["data"] is None:
             made_by = artifacts[name].get("made_by")
-            hint = f": run `kedro run --pipeline={made_by}` first" if made_by else ""
+            hint = f": run `kedro run --pipelines={made_by}` first" if made_by else ""
             return f"{name} has no version yet{hint}"
     return None
 
 
-def _retriever_spec(arm: CompareArm, params: CompareParams, tearag: TeaRAGParams) -> RetrieverSpec:
+def _method_entry(arm: CompareArm, methods: dict[str, Any]) -> dict[str, Any]:
+    name = arm.method_name
+    if name not in methods:
+        raise ValueError(f"compare arm {arm.name!r}: method {name!r} is not a methods entry "
+                         f"({', '.join(sorted(methods))}; conf/base/parameters_methods.yml)")
+    return methods[name]
+
+
+def _retriever_spec(arm: CompareArm, params: CompareParams, methods: dict[str, Any]) -> RetrieverSpec:
     if arm.retriever is not None:
         return arm.retriever
-    if arm.agent == "tearag":
-        return RetrieverSpec(kind=tearag.retriever.kind, top_k=tearag.retriever.top_k)
+    if arm.method_name is not None:
+        return RetrieverSpec.model_validate(dict(_method_entry(arm, methods)["retriever"]))
     return params.retriever
 
 
-def _method(arm: CompareArm, blocks: dict[str, TrainedAgentSpec | Any]) -> MethodSpec:
-    if arm.method is not None:
+def _method(arm: CompareArm, methods: dict[str, Any]) -> MethodSpec:
+    if arm.method_name is None:
         return MethodSpec(name=arm.name, **arm.method.model_dump())
-    block = blocks[arm.agent or "agent"].model_dump(exclude={"name"})
+    agent = TrainedAgentSpec.model_validate(dict(_method_entry(arm, methods)["agent"])).model_dump(exclude={"name"})
     if arm.few_shot is not None:
-        block["few_shot"] = arm.few_shot
-    return MethodSpec(name=arm.name, kind="agent", **block)
+        agent["few_shot"] = arm.few_shot
+    return MethodSpec(name=arm.name, kind="agent", **agent)
 
 
 def _arm_row(arm: CompareArm, status: str, reason: str, *, version: str | None = None) -> dict[str, Any]:

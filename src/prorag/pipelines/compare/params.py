@@ -3,6 +3,6 @@
 The schema is :mod:`prorag.reporting.compare_params`, shared with the sft_synthesis pipeline.
 """
 
-from prorag.reporting.compare_params import AgentBlock, CompareArm, CompareParams
+from prorag.reporting.compare_params import CompareArm, CompareParams
 
-__all__ = ["AgentBlock", "CompareArm", "CompareParams"]
+__all__ = ["CompareArm", "CompareParams"]

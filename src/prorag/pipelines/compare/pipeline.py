@@ -30,7 +30,7 @@ def _compare_nodes() -> Pipeline:
              name="select_compare_questions", tags=[tags.DATA]),
         Node(run_compare_rollouts,
              ["compare_questions", "retrieval_index", "trained_artifacts", "params:compare", "params:policy",
-              "params:agent", "params:reasonrag_agent", "params:tearag", "params:kg_extraction"],
+              "params:methods", "params:kg_extraction"],
              ["compare_trajectories", "compare_arms"], name="run_compare_rollouts", tags=[tags.ROLLOUT]),
         Node(judge_compare_answers, ["compare_trajectories", "params:compare"], "compare_answer_verdicts",
              name="judge_compare_answers", tags=[tags.EVALUATION]),

@@ -48,7 +48,8 @@ def run_reasonrag_mcts(question_records: list[dict[str, Any]], index: RetrievalI
     settings after a crash resumes there and never searches a finished question again.
     """
     if agent.protocol != "reasonrag":
-        raise ValueError(f"reasonrag_agent.protocol must be 'reasonrag', got {agent.protocol!r}")
+        raise ValueError(f"the ReasonRAG method's agent.protocol must be 'reasonrag', got {agent.protocol!r} "
+                         "(methods.<name>.agent in conf/base/parameters_methods.yml)")
     questions = [Question.from_dict(record) for record in question_records]
     explorer = params.policy or policy
     retriever = build_retriever(params.retriever, index)

@@ -7,12 +7,13 @@ from prorag.pipelines.reasonrag_data.nodes import build_reasonrag_pairs, run_rea
 
 
 def create_pipeline(**kwargs: object) -> Pipeline:
-    """Select the questions, search their trees, build and report the pairs (namespace ``reasonrag_data``)."""
+    """Select the questions, search their trees, build and report the pairs (namespace ``reasonrag_data``).
+    ``params:agent`` is the ReasonRAG method's (the pipeline registry maps it to ``methods.<name>.agent``)."""
     return Pipeline([
         Node(select_reasonrag_questions, ["index_questions", "evaluated_questions", "params:reasonrag_data"],
              "reasonrag_questions", name="select_reasonrag_questions"),
         Node(run_reasonrag_mcts, ["reasonrag_questions", "retrieval_index", "params:reasonrag_data", "params:policy",
-                                       "params:reasonrag_agent"],
+                                       "params:agent"],
              "reasonrag_trees", name="run_reasonrag_mcts"),
         Node(build_reasonrag_pairs, ["reasonrag_trees", "params:reasonrag_data"],
              ["reasonrag_pairs", "reasonrag_data_metrics", "reasonrag_data_report"], name="build_reasonrag_pairs"),

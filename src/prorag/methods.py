@@ -1,0 +1,152 @@
+"""A method is one entry of the ``methods`` map (conf/base/parameters_methods.yml).
+
+An entry names its training ``recipe`` (the stages it runs), the ``adapter`` dataset its trained policy is saved
+to, and only what differs from the settings every method shares:
+
+- ``agent`` — merged over the shared ``agent`` block (protocol, budgets);
+- ``reward`` — merged over the shared ``reward`` block; when the entry names another ``kind``, only the keys that
+  kind's settings take are inherited (the detection settings, for one);
+- ``retriever`` — merged over the shared ``retriever`` block;
+- ``stages`` — per stage of the recipe, keys merged over that stage's shared block (``rl``, ``sft``, …).
+
+:func:`resolve_parameters` turns the map into complete entries (the project's config loader calls it, so
+``params:methods.<name>.agent`` and ``params:methods.<name>.stages.rl`` are complete blocks) and gives every
+stage block the retriever of the method that runs it: the shared retriever is declared once, and an evaluated
+arm and its training cannot use different retrievers unless the entry says so.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+from pydantic import Field
+
+from prorag.config import ParameterError, StrictModel
+
+Recipe = Literal["sft_rl", "rl_from_sft", "rl_from_instruct", "mcts_dpo", "tearag"]
+
+RECIPE_STAGES: Final[dict[str, tuple[str, ...]]] = {
+    "sft_rl": ("sft_synthesis", "sft", "rl"),          # gold trajectories -> LoRA SFT -> GRPO (HiPRAG §4)
+    "rl_from_sft": ("rl",),                            # GRPO continuing the latest SFT adapter
+    "rl_from_instruct": ("rl",),                       # GRPO from the instruct model, no SFT stage
+    "mcts_dpo": ("reasonrag_data", "dpo"),             # ReasonRAG: MCTS + SPRE pairs -> DPO
+    "tearag": ("tearag",),                             # TeaRAG: SFT -> IP-DPO rounds (its own block)
+}
+"""The parameter blocks each recipe's stages read (besides ``agent``, ``reward`` and ``policy``)."""
+
+SHARED_BLOCKS: Final = ("agent", "reward", "retriever")
+RETRIEVER_BLOCKS: Final = ("rollout", "sft_synthesis", "rl", "reasonrag_data", "compare", "tearag")
+"""Stage blocks that retrieve: a block that sets no ``retriever`` gets the shared one (standalone runs) or its
+method's (``stages`` of a resolved entry)."""
+AGENT_BLOCKS: Final = ("tearag",)
+"""Stage blocks that carry the agent they train (TeaRAG's block): it is the method's ``agent``."""
+
+STAGE_OWNERS: Final[dict[str, str]] = {"tearag": "tearag"}
+"""Top-level stage blocks whose agent and retriever are a method's (the standalone ``tearag`` pipeline trains
+that method)."""
+
+
+class MethodEntry(StrictModel):
+    """One entry of ``methods`` as written in conf: the recipe, the adapter, and overrides of shared settings."""
+
+    recipe: Recipe
+    adapter: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_]+$")
+    """The ``trained_artifacts`` entry (a catalog dataset) the method's trained policy is saved as."""
+    description: str = ""
+    agent: dict[str, Any] = Field(default_factory=dict)
+    reward: dict[str, Any] = Field(default_factory=dict)
+    retriever: dict[str, Any] = Field(default_factory=dict)
+    stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def check_stages(self, name: str) -> None:
+        extra = sorted(set(self.stages) - set(RECIPE_STAGES[self.recipe]))
+        if extra:
+            raise ValueError(f"methods.{name}.stages: {extra} are not stages of recipe {self.recipe!r} "
+                             f"({', '.join(RECIPE_STAGES[self.recipe])})")
+
+
+def merge(base: Mapping[str, Any] | None, override: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``override`` merged key by key over ``base`` (nested mappings merged, everything else replaced)."""
+    merged = copy.deepcopy(dict(base or {}))
+    for key, value in (override or {}).items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def resolve_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """``parameters`` with every ``methods`` entry complete and every retrieving block given its retriever.
+
+    Raw entries are validated by :class:`MethodEntry` (an error names ``methods.<name>``); the complete blocks are
+    validated by their own schemas afterwards (the validation hook). Parameters without a ``methods`` map are
+    returned with only the shared retriever filled in."""
+    resolved = copy.deepcopy(dict(parameters))
+    shared_retriever = resolved.get("retriever")
+    methods: dict[str, Any] = {}
+    for name, raw in (resolved.get("methods") or {}).items():
+        try:
+            entry = MethodEntry.model_validate(raw or {})
+            entry.check_stages(name)
+        except ValueError as error:
+            raise ParameterError(f"invalid parameters: methods.{name}: {error}") from None
+        methods[name] = _resolve_entry(entry, resolved)
+    if "methods" in resolved:
+        resolved["methods"] = methods
+    for block, owner in STAGE_OWNERS.items():
+        if owner in methods and isinstance(resolved.get(block), Mapping):
+            resolved[block] = _with_method(block, resolved[block], methods[owner])
+    for block in RETRIEVER_BLOCKS:
+        values = resolved.get(block)
+        if isinstance(values, Mapping) and values.get("retriever") is None and shared_retriever is not None:
+            resolved[block] = {**values, "retriever": _retriever_for(block, shared_retriever)}
+    return resolved
+
+
+def _resolve_entry(entry: MethodEntry, parameters: Mapping[str, Any]) -> dict[str, Any]:
+    reward = merge(_inheritable_reward(parameters.get("reward") or {}, entry.reward.get("kind")), entry.reward)
+    method = {
+        "recipe": entry.recipe,
+        "adapter": entry.adapter,
+        "description": entry.description,
+        "agent": merge(parameters.get("agent"), entry.agent),
+        "reward": reward,
+        "retriever": merge(parameters.get("retriever"), entry.retriever),
+    }
+    method["stages"] = {stage: _with_method(stage, merge(parameters.get(stage), entry.stages.get(stage)), method,
+                                            explicit=entry.stages.get(stage) or {})
+                        for stage in RECIPE_STAGES[entry.recipe]}
+    return method
+
+
+def _with_method(block: str, values: Mapping[str, Any], method: Mapping[str, Any],
+                 explicit: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A stage block with its method's retriever (and agent, for blocks that carry one), unless the entry's own
+    stage override sets them."""
+    explicit = explicit or {}
+    values = dict(values)
+    if block in RETRIEVER_BLOCKS and "retriever" not in explicit:
+        values["retriever"] = _retriever_for(block, method["retriever"])
+    if block in AGENT_BLOCKS and "agent" not in explicit:
+        values["agent"] = copy.deepcopy(method["agent"])
+    return values
+
+
+def _retriever_for(block: str, retriever: Mapping[str, Any]) -> dict[str, Any]:
+    # TeaRAG's retriever is built over the in-process index and its graph (no retrieval_url)
+    if block == "tearag":
+        return {key: value for key, value in retriever.items() if key in ("kind", "top_k")}
+    return copy.deepcopy(dict(retriever))
+
+
+def _inheritable_reward(shared: Mapping[str, Any], kind: str | None) -> dict[str, Any]:
+    """The shared reward's keys that a reward of ``kind`` takes (all of them for the same kind)."""
+    if kind is None or kind == shared.get("kind"):
+        return dict(shared)
+    from prorag.rewards.base import reward_class  # deferred: rewards import the judges and the engine
+
+    fields = set(reward_class(kind).Settings.model_fields)
+    return {key: value for key, value in shared.items() if key in fields and key != "kind"}
