@@ -160,3 +160,26 @@ def test_readme_node_namespace_and_tag_options_resolve(pipelines, project_root):
             assert set(names) <= tags.KINDS | tags.METHODS
     to_sft = {node.name for node in default.filter(to_nodes=["sft.train_sft"]).nodes}
     assert "data_preparation.load_question_files" in to_sft and "rl.train_rl" not in to_sft
+
+
+def test_a_methods_entry_is_a_training_pipeline(monkeypatch, tmp_path):
+    """A fifth method declared in conf/local (a reward kind and a recipe) gets ``train_<name>``: the recipe's stages
+    reading the method's parameters, its adapter saved under the entry's name."""
+    import shutil
+
+    import yaml
+
+    from prorag import pipeline_registry
+
+    shutil.copytree(Path(__file__).resolve().parents[1] / "conf", tmp_path / "conf")
+    (tmp_path / "conf" / "local" / "parameters_methods.yml").write_text(yaml.safe_dump({"methods": {"info_gain": {
+        "recipe": "rl_from_sft", "adapter": "info_gain_adapter", "reward": {"kind": "search_r1", "lambda_f": 0.1}}}}))
+    methods = pipeline_registry.configured_methods(tmp_path)
+    assert methods["info_gain"]["reward"]["lambda_f"] == 0.1 and methods["info_gain"]["agent"] == \
+        methods["hiprag"]["agent"]
+    monkeypatch.setattr(pipeline_registry, "configured_methods", lambda: methods)
+    built = pipeline_registry.register_pipelines()["train_info_gain"]
+    train = next(node for node in built.nodes if node.name.endswith("rl.train_rl"))
+    assert {"params:methods.info_gain.reward", "params:methods.info_gain.agent",
+            "params:methods.info_gain.stages.rl"} <= set(train.inputs)
+    assert train.outputs[0] == "info_gain_adapter" and "sft_adapter" in train.inputs

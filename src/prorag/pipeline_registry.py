@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kedro.framework.project import settings
 from kedro.pipeline import Node, Pipeline, pipeline
 
 from prorag.config_loader import ProjectConfigLoader
@@ -45,6 +44,7 @@ from prorag.pipelines import (
 )
 from prorag.pipelines.rollout.nodes import concat_trajectories
 from prorag.pipelines.rollout.pipeline import trained_policy_rollouts
+from prorag.settings import CONFIG_LOADER_ARGS
 
 
 def _concat(*trajectories: str) -> Pipeline:
@@ -53,6 +53,8 @@ def _concat(*trajectories: str) -> Pipeline:
                     namespace="evaluation", prefix_datasets_with_namespace=False, tags=[tags.EVALUATION])
 
 
+CONF_SOURCE = "conf"
+"""Kedro's default configuration folder (settings.py does not change it)."""
 DEFAULT_METHOD = "hiprag"
 """The method ``train`` (the default pipeline) trains."""
 
@@ -63,15 +65,15 @@ def configured_methods(project_path: Path | None = None) -> dict[str, dict[str, 
     root = project_path or _project_path()
     with warnings.catch_warnings():  # Kedro's own resolver-registration deprecation notices, once per loader
         warnings.simplefilter("ignore", UserWarning)
-        loader = ProjectConfigLoader(conf_source=str(root / settings.CONF_SOURCE), **settings.CONFIG_LOADER_ARGS)
+        loader = ProjectConfigLoader(conf_source=str(root / CONF_SOURCE), **CONFIG_LOADER_ARGS)
         return dict(loader["parameters"].get("methods") or {})
 
 
 def _project_path() -> Path:
     for candidate in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (candidate / settings.CONF_SOURCE / "base").is_dir():
+        if (candidate / CONF_SOURCE / "base").is_dir():
             return candidate
-    raise FileNotFoundError(f"no {settings.CONF_SOURCE}/base folder in {Path.cwd()} or the source checkout: run "
+    raise FileNotFoundError(f"no {CONF_SOURCE}/base folder in {Path.cwd()} or the source checkout: run "
                             "kedro from the project root")
 
 

@@ -50,6 +50,6 @@ def test_several_missing_inputs_are_reported_together(shapes):
         check_inputs_have_versions(["sft_adapter", "retrieval_index"], shapes, RAW.__contains__)
     assert str(error.value).splitlines() == [
         "2 inputs of this run have no version yet:",
-        "  retrieval_index has no version yet: run `kedro run --pipeline=index` (or train_multistage, train_rl_instruct) "
-        "first",
+        "  retrieval_index has no version yet: run `kedro run --pipeline=index` "
+        "(or train_multistage, train_rl_instruct) first",
         "  sft_adapter has no version yet: run `kedro run --pipeline=train_sft` (or train) first"]
