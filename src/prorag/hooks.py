@@ -8,6 +8,7 @@ import functools
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -623,6 +624,39 @@ def _used_parameters(nodes: Iterable[Node], parameters: dict[str, Any], with_tra
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= _MLFLOW_PARAM_VALUE_LIMIT else text[: _MLFLOW_PARAM_VALUE_LIMIT - 3] + "..."
+
+
+class ResultScreenHook:
+    """The run ends on its result: the evaluation summaries it saved (``*evaluation_summary``: CEM with its
+    interval, format, retrievals, tokens, the paired Δ against standard RAG) are printed after everything else,
+    with where the files are and how to open MLflow and kedro-viz."""
+
+    def __init__(self) -> None:
+        self._catalog: DataCatalog | None = None
+        self._summaries: list[tuple[str, str, Path | None]] = []
+
+    @hook_impl
+    def before_pipeline_run(self, catalog: DataCatalog) -> None:
+        self._catalog, self._summaries = catalog, []
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data: Any) -> None:
+        if dataset_name.endswith("evaluation_summary") and isinstance(data, str):
+            located = _local_path(self._catalog, dataset_name, saved=True)
+            self._summaries.append((dataset_name, data, None if located is None else located[1]))
+
+    @hook_impl
+    def after_pipeline_run(self) -> None:
+        if not self._summaries:
+            return
+        lines = [""]
+        for name, text, path in self._summaries:
+            lines += [f"{name}{f' ({path})' if path else ''}:", text]
+        lines += ["Tables and reports: data/08_reporting/ (evaluation.csv, node_timing.md, ...)",
+                  "Runs, curves and traces: make mlflow-ui (http://127.0.0.1:5000); pipelines: make viz "
+                  "(http://127.0.0.1:4141)", ""]
+        sys.stdout.write("\n".join(lines))
+        sys.stdout.flush()
 
 
 def _local_path(catalog: DataCatalog | None, dataset_name: str, *, saved: bool) -> tuple[Any, Path] | None:

@@ -179,8 +179,9 @@ class _Recipes:
             return _renamed(built, {"dpo_adapter": adapter})
         if recipe == "tearag":
             # TeaRAG §4.3: index → KG → SFT data → SFT → IP-DPO rounds → TeaRAG rollouts → evaluation, judging
-            outputs = {name: f"tearag_{name}" for name in ("evaluation_table", "evaluation_metrics", "step_verdicts",
-                                                           "trajectory_rewards", "judge_metrics")}
+            outputs = {name: f"tearag_{name}" for name in (
+                "evaluation_table", "evaluation_metrics", "evaluation_summary", "step_verdicts", "trajectory_rewards",
+                "judge_metrics")}
             built = (self.pipelines["index"] + self.pipelines["kg_extraction"] + self.evaluated
                      + tearag.create_pipeline()
                      + pipeline(self.pipelines["evaluation"] + self.pipelines["reward_judging"],

@@ -10,6 +10,7 @@ import pandas as pd
 from prorag.agent import Rollout
 from prorag.metrics.qa import answer_intervals
 from prorag.metrics.rollout import summarize_by_method_and_dataset
+from prorag.reporting.summary import render_summary, result_summary
 
 BOOTSTRAP_SEED = 0  # fixed: the same trajectories always give the same intervals
 
@@ -34,3 +35,10 @@ def evaluate_trajectories(trajectory_records: list[dict[str, Any]]) -> tuple[pd.
     rows = [{"method": method, "dataset": dataset, **summary}
             for method, by_dataset in summaries.items() for dataset, summary in by_dataset.items()]
     return pd.DataFrame(rows), summaries
+
+
+def summarize_results(trajectory_records: list[dict[str, Any]]) -> str:
+    """The run's result on one screen (:func:`prorag.reporting.summary.result_summary`): per method CEM with its 95%
+    interval, format, retrievals, tokens and the paired Δ CEM against standard RAG, as Markdown."""
+    rollouts = [Rollout.from_dict(record) for record in trajectory_records]
+    return render_summary(result_summary(rollouts, seed=BOOTSTRAP_SEED))

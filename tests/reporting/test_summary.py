@@ -1,0 +1,53 @@
+"""The one-screen result: CEM with its interval, format, retrievals, tokens and the paired Δ against standard RAG."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from prorag.agent.trajectory import Rollout
+from prorag.hooks import ResultScreenHook
+from prorag.reporting.summary import render_summary, result_summary
+
+
+def _rollout(method: str, key: str, answer: str, *, retrievals: int = 0, format_ok: bool = True) -> Rollout:
+    return Rollout(question_key=key, question_id=key, dataset="popqa", question=f"{key}?", golden_answers=("Paris",),
+                   method=method, protocol="hiprag", prompt="", prompt_token_ids=[], completion="", segments=[],
+                   steps=[] if format_ok else None, format_ok=format_ok, n_steps=0 if format_ok else -1,
+                   answer=answer, stop_reason="answer", retrieval_count=retrievals, queries=[], retrieved_ids=[],
+                   generated_tokens=20, context_tokens=0, tag_tokens=0, turns=1)
+
+
+def test_the_summary_pairs_every_method_with_standard_rag():
+    keys = [f"q{index}" for index in range(10)]
+    rag = [_rollout("standard_rag", key, "Paris" if index < 3 else "Rome", retrievals=1)
+           for index, key in enumerate(keys)]
+    agent = [_rollout("agent", key, "Paris" if index < 6 else "Rome", retrievals=2, format_ok=index != 9)
+             for index, key in enumerate(keys)]
+    table = result_summary(rag + agent).set_index("method")
+    assert table.loc["standard_rag", "cem"] == pytest.approx(0.3) and math.isnan(table.loc["standard_rag",
+                                                                                           "delta_cem"])
+    row = table.loc["agent"]
+    assert (row["cem"], row["format_rate"], row["avg_retrieval_count"]) == pytest.approx((0.6, 0.9, 2.0))
+    # paired: agent right on q3..q5 where RAG is wrong, never the other way round
+    assert (row["delta_cem"], row["wins"], row["losses"]) == (pytest.approx(0.3), 3, 0)
+    assert 0.0 <= row["delta_low"] <= 0.3 <= row["delta_high"] and row["cem_low"] < 0.6 < row["cem_high"]
+    text = render_summary(table.reset_index())
+    assert "| agent | 10 | 0.600 [" in text and "+0.300 [" in text and "(3 won, 0 lost)" in text
+    assert "| standard_rag | 10 | 0.300 [" in text and text.count("\n") == 4
+
+
+def test_the_run_ends_on_the_summaries_it_saved(capsys):
+    hook = ResultScreenHook()
+    hook.before_pipeline_run(catalog=None)  # type: ignore[arg-type]
+    hook.after_dataset_saved("evaluation_table", object())
+    hook.after_dataset_saved("evaluation_summary", "| method | n |\n")
+    hook.after_pipeline_run()
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("make viz (http://127.0.0.1:4141)")
+    assert "evaluation_summary:\n| method | n |" in out and "data/08_reporting/" in out
+    quiet = ResultScreenHook()
+    quiet.before_pipeline_run(catalog=None)  # type: ignore[arg-type]
+    quiet.after_pipeline_run()
+    assert capsys.readouterr().out == ""  # a run that evaluated nothing prints nothing
