@@ -113,7 +113,7 @@ def test_method_tags_select_the_method_s_own_stages(pipelines):
         "sft_synthesis.synthesize_sft_data", "sft.train_sft", "sft.run_policy_rollouts", "rl.select_rl_questions",
         "rl.train_rl", "rl.run_policy_rollouts"}
     assert tagged("train", tags.EVALUATION) == {"corpus_indexing.evaluate_retrieval", "evaluation.concat_trajectories",
-                                                "evaluation.evaluate_trajectories",
+                                                "evaluation.evaluate_trajectories", "evaluation.summarize_results",
                                                 "reward_judging.judge_trajectories"}
     assert {node.namespace for node in pipelines["train_tearag"].only_nodes_with_tags(tags.TEARAG).nodes} == {
         "kg_extraction", "tearag"}
