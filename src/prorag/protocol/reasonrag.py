@@ -127,6 +127,31 @@ PROCESS_EVALUATION_PROMPT: Final = (
 _TAG_RE: Final = re.compile("|".join(re.escape(tag) for tag in PROTOCOL_TAGS))
 
 
+_SCORE_RE: Final = re.compile(r"the\s+score\s+is\s*[:\[(]?\s*([01](?:\.\d+)?|\.\d+)(?![\d.])", re.IGNORECASE)
+
+
+def process_evaluation_messages(question: str, golden_answers: tuple[str, ...] | list[str],
+                                process: str) -> list[dict[str, str]]:
+    """Eq. 6's input ``(x, y_1:t, answer, p_eval)`` as chat messages: Figure 14 as the system prompt, then the
+    question, the golden answer(s) and the agent's intermediate process (the paper does not print the layout)."""
+    answers = " | ".join(answer.strip() for answer in golden_answers)
+    user = (f"Question: {question.strip()}\nGolden answer: {answers}\n"
+            f"Intermediate reasoning process:\n{process.strip()}")
+    return [{"role": "system", "content": PROCESS_EVALUATION_PROMPT}, {"role": "user", "content": user}]
+
+
+def parse_process_score(reply: str | None) -> float | None:
+    """The score of a Figure 14 reply: the number of its last ``So the score is [s]`` (brackets optional) when it
+    lies in [0, 1]; None (unknown) for a reply without one or with a score outside [0, 1]."""
+    if not reply:
+        return None
+    matches = _SCORE_RE.findall(reply)
+    if not matches:
+        return None
+    value = float(matches[-1])
+    return value if 0.0 <= value <= 1.0 else None
+
+
 class ReasonRAGParseError(ValueError):
     """A completion that violates the ReasonRAG format; ``reason`` says where."""
 
