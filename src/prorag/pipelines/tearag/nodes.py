@@ -135,7 +135,7 @@ def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list
         rules=PairRules(min_outcome=cfg.min_outcome, min_process=cfg.min_process, easy_max_f1=cfg.easy_max_f1))
     reward = KnowledgeMatchingReward(KnowledgeMatchingSettings(
         similarity=cfg.similarity, weight_consistency=cfg.weight_consistency, weight_subquery=cfg.weight_subquery,
-        weight_context=cfg.weight_context, weight_summary=cfg.weight_summary))
+        weight_context=cfg.weight_context, weight_summary=cfg.weight_summary, normalization=cfg.normalization))
     results = run_ip_dpo(policy.model, sft_adapter, questions, _kag_retriever(index, graph, kg, params),
                          params.agent, cfg.sampling, reward, settings, cfg.trainer,
                          Path(tempfile.mkdtemp(prefix="prorag-ip-dpo-")), policy_batch_size=policy.batch_size,
