@@ -93,22 +93,23 @@ SYSTEM_PROMPT: Final = (
     f"Then:\n{GROUNDING_PROMPT}\n"
     "After the evidence, continue reasoning as above."
 )
-# Worked examples for small policies (``few_shot=True``): a two-hop question built from the paper's own case
-# (Appendix B, Figure 10), written in this transcript format, and a direct answer. The paper's prompt has none
-# ("no extra prompt design is needed").
+# Worked examples for small policies (``few_shot=True``): a two-hop question of MuSiQue's *train* split
+# (2hop__639451_47353 in data/01_raw/qa/musique_train.jsonl, its supporting paragraphs quoted), written in this
+# transcript format, and an invented direct answer. The paper's prompt has none ("no extra prompt design is
+# needed"); its own case (Appendix B) is a 2WikiMultihopQA dev question and stays out of every prompt.
 FEW_SHOT_EXAMPLES: Final = (
-    "Example 1\nQuestion: When did the director of Il Coraggio die?\n"
-    "So the next query is <query>director of Il Coraggio</query>\n"
-    "<documents>\nDoc 1(Title: Il Coraggio) Il Coraggio is a 1955 Italian comedy film directed by Domenico "
-    "Paolella.\n</documents>\n"
-    "Based on the query, the relevant evidence is <evidence>Il Coraggio was directed by Domenico Paolella."
+    "Example 1\nQuestion: Who played the It'll Be Me singer in Walk the Line?\n"
+    "So the next query is <query>singer of It'll Be Me</query>\n"
+    "<documents>\nDoc 1(Title: It'll Be Me (Jerry Lee Lewis song)) \"It'll Be Me\" is a song written by Jack "
+    "Clement, first released in April 1957 by Jerry Lee Lewis.\n</documents>\n"
+    "Based on the query, the relevant evidence is <evidence>It'll Be Me was first released by Jerry Lee Lewis."
     "</evidence>\n"
-    "So the next query is <query>When did Domenico Paolella die?</query>\n"
-    "<documents>\nDoc 1(Title: Domenico Paolella) Domenico Paolella (15 October 1915 - 7 October 2002) was an "
-    "Italian director.\n</documents>\n"
-    "Based on the query, the relevant evidence is <evidence>Domenico Paolella died on 7 October 2002."
+    "So the next query is <query>actor who played Jerry Lee Lewis in Walk the Line</query>\n"
+    "<documents>\nDoc 1(Title: Waylon Payne) Waylon Malloy Payne (born April 5, 1972) is an American country "
+    "singer, songwriter, musician and actor. He played Jerry Lee Lewis in Walk the Line.\n</documents>\n"
+    "Based on the query, the relevant evidence is <evidence>Waylon Payne played Jerry Lee Lewis in Walk the Line."
     "</evidence>\n"
-    "So the answer is <answer>7 October 2002</answer>\n\n"
+    "So the answer is <answer>Waylon Payne</answer>\n\n"
     "Example 2\nQuestion: What is the capital of France?\n"
     "This is well known. So the answer is <answer>Paris</answer>"
 )
