@@ -8,7 +8,7 @@ from typing import Any
 
 from prorag.agent import build_runner, record_policy
 from prorag.assembly import build_policy
-from prorag.data import Question, select_questions
+from prorag.data import Question, require_train_split, select_questions
 from prorag.kg.extraction import ExtractionSettings, extract_triplets
 from prorag.kg.graph import KnowledgeGraph
 from prorag.kg.kag import attach_knowledge_graph
@@ -51,6 +51,7 @@ def select_sft_data_questions(question_records: list[dict[str, Any]], eval_recor
     questions = questions[: selection.max_questions] if selection.max_questions else questions
     if not questions:
         raise ValueError(f"tearag.sft_data.sources {selection.sources} select no indexed training question")
+    require_train_split(questions, "tearag.sft_data.sources")
     return questions
 
 
