@@ -110,7 +110,8 @@ def _conf_sources(env: str, *keys: str) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("env", ["base", "gpu"])
+@pytest.mark.parametrize("env", sorted(path.name for path in (ROOT / "conf").iterdir()
+                                       if path.is_dir() and path.name != "local"))
 @pytest.mark.parametrize("keys", [("sft_synthesis", "sources"), ("tearag", "sft_data", "sources")])
 def test_sft_data_come_from_train_splits_only(env: str, keys: tuple[str, ...]) -> None:
     sources = _conf_sources(env, *keys) or _conf_sources("base", *keys)
@@ -120,3 +121,4 @@ def test_sft_data_come_from_train_splits_only(env: str, keys: tuple[str, ...]) -
         questions: list[Question] = load_questions(path)
         kinds = {question.split_kind for question in questions}
         assert kinds == {"train"}, f"conf/{env} {'.'.join(keys)} names {source} ({sorted(kinds)} questions)"
+
