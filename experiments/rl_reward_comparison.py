@@ -77,11 +77,18 @@ from prorag.reporting.reward_comparison import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = {"hiprag": {"reward.method": "hiprag", "reward.lambda_p": 0.4},
-        "search_r1": {"reward.method": "search_r1", "reward.lambda_p": 0.0}}
+ARMS = {"hiprag": {"reward.kind": "hiprag", "reward.lambda_p": 0.4},
+        "search_r1": {"reward.kind": "hiprag", "reward.lambda_p": 0.0}}
+"""Search-R1 is HiPRAG's eq. 1 with λp = 0 (the ``search_r1`` reward kind is the same formula); both arms keep
+the ``hiprag`` kind so that they share every detection setting of the ``reward`` block."""
 PRESETS: dict[str, dict[str, Any]] = {
     "cpu_2h": {"steps": 16, "batch": 4, "micro_batch": 4, "generations": 4, "seeds": [0, 1],
                "sources": ["popqa", "hotpotqa"], "rl_questions_per_source": 100, "questions_per_source": 10},
+    # issue 31, item 3: groups of 8, 4 questions per step, PopQA's popular subjects, an LLM judge on loopback
+    # (conf/hiprag_vs_search_r1; start `prorag serve ... --served-model-name judge --port 8011` first)
+    "separable": {"steps": 50, "batch": 32, "micro_batch": 8, "generations": 8, "seeds": [0, 1],
+                  "sources": ["popqa"], "rl_questions_per_source": 200, "questions_per_source": 10,
+                  "env": "hiprag_vs_search_r1", "probe_questions": 16, "save_steps": 10},
 }
 logger = logging.getLogger("rl_reward_comparison")
 

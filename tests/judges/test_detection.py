@@ -12,6 +12,7 @@ from prorag.agent.trajectory import Rollout
 from prorag.data.records import Passage
 from prorag.judges import ReferenceJudge, Verdict, detect, detection_summary, reask_messages
 from prorag.judges.detection import split_context
+from prorag.judges.prompts import UNDER_SEARCH_PROMPT, step_messages
 from prorag.llm.generation import Completion, GenerationError, SamplingParams
 from prorag.retrieval.bm25 import BM25Retriever
 from prorag.retrieval.store import PassageStore
@@ -60,7 +61,7 @@ class ReaskPolicy:
             raise GenerationError("policy server unreachable")
         results = []
         for prompt in prompts:
-            query = str(prompt).split("Question: ", 1)[1].removesuffix("\nassistant:")
+            query = str(prompt).removeprefix("user: ").split("Question: ", 1)[-1].removesuffix("\nassistant:")
             text = f" {self.answers.get(query, 'I am not sure.')} "
             results.append([Completion(text=text, token_ids=[1, 2], logprobs=None, finish_reason="stop", stop=None,
                                        prompt_tokens=3)])
@@ -132,11 +133,12 @@ def reference_judge() -> ReferenceJudge:
 def test_detects_over_and_under_search_in_batched_calls(reference_judge):
     policy = ReaskPolicy(ANSWERS)
     over, under = RecordingJudge(reference_judge), RecordingJudge(reference_judge)
-    results = detect(ROLLOUTS, policy, over, under, reask_max_new_tokens=16)
+    results = detect(ROLLOUTS, policy, over, under, reask_max_new_tokens=16, reask="instructed",
+                     under_search_input="step_and_question")
 
     (prompts, params), = policy.calls  # one batched generation for every query of the batch, each once
     assert len(prompts) == 2 and params.max_new_tokens == 16 and params.greedy
-    assert prompts[0] == policy.apply_chat_template(reask_messages("Jaws director"))
+    assert prompts[0] == policy.apply_chat_template(reask_messages("Jaws director", "instructed"))
     assert len(over.equivalent_calls) == 1 and len(over.equivalent_calls[0]) == 3
     assert over.equivalent_calls[0][0] == ("Jaws was directed by Steven Spielberg.", ANSWERS["Jaws director"])
     assert not over.verify_calls and not under.equivalent_calls
@@ -162,6 +164,24 @@ def test_detects_over_and_under_search_in_batched_calls(reference_judge):
     reward = hierarchical_reward(True, True, count.n_steps, count.n_optimal)
     assert reward.total == pytest.approx(1 + 0.4 * 2 / 3)
     assert count_optimal(no_conclusion).n_optimal == 0  # unknown is not optimal
+
+
+def test_paper_reask_is_the_bare_query_sampled_and_the_verifier_sees_the_isolated_step(reference_judge):
+    # §3.2: "directly prompt the policy model with [q_i] as a standalone question"; Fig. 6: "a single, isolated
+    # reasoning step ... based only on the information within this single step"
+    policy = ReaskPolicy(ANSWERS)
+    over, under = RecordingJudge(reference_judge), RecordingJudge(reference_judge)
+    detect(ROLLOUTS, policy, over, under, reask_max_new_tokens=16)  # the defaults are the paper's
+    (prompts, params), = policy.calls
+    assert prompts[0] == "user: Jaws director\nassistant:"  # the query alone, no instruction
+    assert (params.temperature, params.top_p) == (1.0, 1.0) and not params.greedy  # sampled as in training
+    (steps, _), = under.verify_calls
+    assert [step[0] for step in steps] == ["", ""]  # no question travels with the step
+    system, user = step_messages("", " r ", "o")
+    assert system == {"role": "system", "content": UNDER_SEARCH_PROMPT}
+    assert user == {"role": "user", "content": "<reasoning>r</reasoning>\n<conclusion>o</conclusion>"}
+    with pytest.raises(ValueError, match="re-ask style"):
+        detect(ROLLOUTS, policy, over, under, reask="chatty")  # type: ignore[arg-type]
 
 
 def test_the_two_phases_run_concurrently(reference_judge):

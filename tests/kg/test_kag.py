@@ -66,6 +66,28 @@ def test_edge_rules_on_a_hand_built_example() -> None:
     assert score_edges[SUBQUERY_NODE][t1]["weight"] == pytest.approx(0.8)
 
 
+def test_triplet_edges_weigh_the_thresholded_score_normalized_like_chunk_edges() -> None:
+    # eq. (2): the relevance score, thresholded at θ, normalized over the triplets that pass with eq. (1)'s softmax
+    chunks = [KagChunk("c1", "Paris", 0.9), KagChunk("c2", "Berlin", 0.3)]
+    triplets = [KagTriplet(1, "Paris", "France", "c1", 0.8), KagTriplet(2, "Berlin", "Germany", "c2", 0.6),
+                KagTriplet(3, "Rome", "Italy", "c7", 0.3)]
+    graph = build_kag(chunks, triplets, [], KagSettings(triplet_threshold=0.5))
+    passing = [0.8, 0.6]  # 0.3 < θ: no edge
+    expected = [np.exp(score) / sum(np.exp(other) for other in passing) for score in passing]
+    weights = [graph[SUBQUERY_NODE][triplet_node(i)]["weight"] for i in (1, 2)]
+    assert weights == pytest.approx(expected)
+    assert not graph.has_edge(SUBQUERY_NODE, triplet_node(3))
+    chunk_weights = [graph[SUBQUERY_NODE][chunk_node(c)]["weight"] for c in ("c1", "c2")]
+    assert sum(weights) == pytest.approx(1.0) and sum(chunk_weights) == pytest.approx(1.0)  # comparable scales
+    # the best chunk (0.9) now weighs more than a weaker triplet (0.6); with the indicator every triplet weighs 1
+    assert chunk_weights[0] > weights[1]
+    indicator = build_kag(chunks, triplets, [], KagSettings(triplet_threshold=0.5, triplet_edge="indicator"))
+    assert [indicator[SUBQUERY_NODE][triplet_node(i)]["weight"] for i in (1, 2)] == [1.0, 1.0]
+    minmax = build_kag(chunks, triplets, [], KagSettings(triplet_threshold=0.5, chunk_normalization="minmax"))
+    assert minmax[SUBQUERY_NODE][triplet_node(1)]["weight"] == pytest.approx(1.0)  # (0.8 - 0.6) / (0.8 - 0.6)
+    assert not minmax.has_edge(SUBQUERY_NODE, triplet_node(2))  # min-max maps the lowest passing score to 0
+
+
 def test_ppr_matches_an_independent_linear_solve() -> None:
     graph = build_kag(CHUNKS, TRIPLETS, ["Paris"], SETTINGS)
     personalization = personalization_vector(graph, ["Paris"], SETTINGS)

@@ -43,6 +43,12 @@ def _key(record: dict[str, Any]) -> str:
     return Question.from_dict(record).key
 
 
+def _as_train(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records relabelled as a train split: SFT synthesis refuses dev/test questions, and this test is about
+    the exclusion of evaluated questions, which the split does not change."""
+    return [{**record, "split": "train (relabelled for this test)"} for record in records]
+
+
 def _copy(record: dict[str, Any]) -> dict[str, Any]:
     """The same question under another key (a question that two files share, say)."""
     return {**record, "id": f"{record['id']}-copy"}
@@ -83,7 +89,7 @@ def test_rl_never_trains_on_a_rollout_or_compare_question(evaluation):
 
 
 def test_sft_synthesis_never_trains_on_a_rollout_or_compare_question(evaluation, index, one_torch_thread):
-    records, _ = synthesize_sft_data(evaluation["pool"], evaluation["evaluated"], index,
+    records, _ = synthesize_sft_data(_as_train(evaluation["pool"]), evaluation["evaluated"], index,
                                      SftSynthesisParams(sources=["hotpotqa"]), TrainedAgentSpec())
     keys = {record["question_key"] for record in records}
     assert not keys & evaluation["forbidden"]
@@ -104,7 +110,8 @@ def test_tearag_never_trains_on_a_rollout_or_compare_question(evaluation):
     mix = {question.key for question in select_ip_dpo_questions(evaluation["pool"], evaluation["evaluated"], params)}
     assert not mix & evaluation["forbidden"]
     assert mix == evaluation["allowed"]  # the two evaluated (comparison) questions and their copies left out
-    sft = {question.key for question in select_sft_data_questions(evaluation["pool"], evaluation["evaluated"], params)}
+    sft = {question.key
+           for question in select_sft_data_questions(_as_train(evaluation["pool"]), evaluation["evaluated"], params)}
     assert not sft & evaluation["forbidden"]
     assert evaluation["allowed"] <= sft
 

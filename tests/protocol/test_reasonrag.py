@@ -56,7 +56,7 @@ def test_adapter_is_registered_and_maps_boundaries() -> None:
     assert "<evidence>" not in DOCS  # escaped text cannot close the documents block
     assert adapter.messages("Q?")[0]["content"] == reasonrag.SYSTEM_PROMPT
     with_examples = get_protocol("reasonrag", few_shot=True).messages("Q?")[0]["content"]
-    assert with_examples.startswith(reasonrag.SYSTEM_PROMPT) and "Il Coraggio" in with_examples
+    assert with_examples.startswith(reasonrag.SYSTEM_PROMPT) and "Walk the Line" in with_examples
 
 
 def test_few_shot_examples_are_well_formed() -> None:

@@ -43,7 +43,7 @@ def test_render_parse_round_trip_and_format() -> None:
 
 
 def test_prompt_example_is_well_formed() -> None:
-    assert check_format(tearag.EXAMPLE_COMPLETION) == (1, 1)
+    assert check_format(tearag.EXAMPLE_COMPLETION) == (1, 2)
     assert tearag.EXAMPLE_COMPLETION in tearag.system_prompt()
     assert tearag.EXAMPLE_COMPLETION not in tearag.system_prompt(few_shot=False)
 

@@ -88,10 +88,72 @@ def test_total_reward_by_hand() -> None:
 
 
 def test_more_steps_lower_the_knowledge_matching() -> None:
+    # beyond m = 2 steps every extra step divides the same memory sum by one more
+    two = TeaRAGPath(steps=PATH.steps[:2], answer="x")
+    four = TeaRAGPath(steps=(*PATH.steps[:2], PATH.steps[0], PATH.steps[1]), answer="x")
+    assert knowledge_matching(four, EVIDENCE, table_similarity)[0] == pytest.approx(
+        knowledge_matching(two, EVIDENCE, table_similarity)[0] / 2)
     one = TeaRAGPath(steps=PATH.steps[:1], answer="x")
     doubled = TeaRAGPath(steps=(PATH.steps[0], PATH.steps[0]), answer="x")
-    assert knowledge_matching(doubled, EVIDENCE, table_similarity)[0] == pytest.approx(
-        knowledge_matching(one, EVIDENCE, table_similarity)[0] / 2)
+    assert knowledge_matching(doubled, EVIDENCE, table_similarity, normalization="steps")[0] == pytest.approx(
+        knowledge_matching(one, EVIDENCE, table_similarity, normalization="steps")[0] / 2)
+
+
+def _eq12(memory: Sequence[float], steps: int, evidences: int) -> float:
+    """Eq. 12 as rebuilt, written out: Σ_j M_j / max(T, m)."""
+    return sum(memory) / max(steps, evidences)
+
+
+def test_eq12_normalizes_by_steps_and_evidences() -> None:
+    one = TeaRAGPath(steps=PATH.steps[:1], answer="x")  # T = 1 < m = 2: M^q = (.9, .1), M^c = (.8, 0), M^s = (.6, .2)
+    assert knowledge_matching(one, EVIDENCE, table_similarity) == pytest.approx(
+        (_eq12([0.9, 0.1], 1, 2), _eq12([0.8, 0.0], 1, 2), _eq12([0.6, 0.2], 1, 2)))
+    assert knowledge_matching(one, EVIDENCE, table_similarity, normalization="steps") == pytest.approx(
+        (1.0, 0.8, 0.8))  # the literal Σ_j M_j / T
+    # T = 3 > m = 2: both readings divide by T
+    assert knowledge_matching(PATH, EVIDENCE, table_similarity) == pytest.approx(
+        knowledge_matching(PATH, EVIDENCE, table_similarity, normalization="steps"))
+    with pytest.raises(ValueError, match="normalization"):
+        knowledge_matching(PATH, EVIDENCE, table_similarity, normalization="bogus")  # type: ignore[arg-type]
+
+
+# A two-hop question: hop A's texts match evidence g_a fully, hop B's g_b; texts of one hop reach 0.4 on the
+# other hop's evidence (related topics); off-topic contexts match nothing.
+HOPS = {("g_a", "A"): 1.0, ("g_b", "A"): 0.4, ("g_a", "B"): 0.4, ("g_b", "B"): 1.0,
+        ("g_a", "X"): 0.0, ("g_b", "X"): 0.0}
+
+
+def hop_similarity(evidence: Sequence[str], texts: Sequence[str]) -> np.ndarray:
+    return np.array([[HOPS[(gold, text.split()[-1])] for text in texts] for gold in evidence])
+
+
+STEP_A = TeaRAGStep(("Jaws",), "who directed Jaws A", "ctx A", "sum A")
+STEP_B = TeaRAGStep(("Spielberg",), "where was Spielberg born B", "ctx B", "sum B")
+
+
+def _process(steps: tuple[TeaRAGStep, ...], normalization: str = "steps_and_evidence") -> float:
+    return tearag_reward(render(TeaRAGPath(steps, "Cincinnati")), ["Cincinnati"], ["g_a", "g_b"], hop_similarity,
+                         normalization=normalization).process  # type: ignore[arg-type]
+
+
+def test_ideal_two_step_path_beats_a_one_step_path_covering_one_hop() -> None:
+    # by hand (w = 1/4 each, consistency 1 on both): ideal r_q = r_c = r_s = (1 + 1) / 2 = 1 -> r_p = 1;
+    # one step A: r_x = (1 + 0.4) / max(1, 2) = 0.7 -> r_p = (1 + 3 · 0.7) / 4 = 0.775
+    assert _process((STEP_A, STEP_B)) == pytest.approx(1.0)
+    assert _process((STEP_A,)) == pytest.approx((1 + 3 * 0.7) / 4)
+    assert _process((STEP_A, STEP_B)) > _process((STEP_A,))
+    # an extra step costs: (1 + 3 · 2/3) / 4 = 0.75
+    assert _process((STEP_A, STEP_B, STEP_B)) == pytest.approx((1 + 3 * 2 / 3) / 4)
+    # the literal Σ M / T ranks the one-step path first: (1 + 3 · 1.4) / 4 = 1.3 > 1
+    assert _process((STEP_A,), "steps") == pytest.approx((1 + 3 * 1.4) / 4)
+    assert _process((STEP_A,), "steps") > _process((STEP_A, STEP_B), "steps")
+
+
+def test_off_topic_contexts_cost_their_share_of_the_process_reward() -> None:
+    off_a = TeaRAGStep(STEP_A.entities, STEP_A.subquery, "unrelated X", STEP_A.summary)
+    off_b = TeaRAGStep(STEP_B.entities, STEP_B.subquery, "unrelated X", STEP_B.summary)
+    # r_c falls from 1 to 0: the path loses w_c · 1 = 0.25 of its process reward
+    assert _process((STEP_A, STEP_B)) - _process((off_a, off_b)) == pytest.approx(0.25)
 
 
 def test_single_hop_divides_the_outcome_by_the_path_length() -> None:

@@ -17,6 +17,7 @@ from prorag.retrieval.base import Hit
 from prorag.training.mcts import (
     MCTSConfig,
     MCTSSearch,
+    Node,
     QuestionTree,
     load_finished_trees,
     pair_statistics,
@@ -91,13 +92,35 @@ CONFIG = MCTSConfig(iterations=6, max_children=3, rollouts=2, c_uct=1.0, alpha=0
 def test_uct_scores_hand_computation() -> None:
     # sqrt(1 + 3) = 2: 0.5 + 1.0·2/2 and 0.2 + 1.0·2/4
     assert uct_scores([0.5, 0.2], [1, 3], 1.0) == pytest.approx([1.5, 0.7])
-    assert uct_scores([0.1, 0.9], [0, 5], 2.0)[0] == math.inf
+    assert uct_scores([0.1, 0.9], [0, 5], 2.0, variant="released_code")[0] == math.inf
     assert uct_scores([0.3, 0.6], [2, 2], 0.0) == pytest.approx([0.3, 0.6])
     with pytest.raises(ValueError):
         uct_scores([0.1], [1, 2], 1.0)
 
 
-def test_selection_prefers_unvisited_child() -> None:
+def _eq5_as_printed(q: float, n: int, visits: list[int], c: float) -> float:
+    """ReasonRAG eq. 5, written out independently: Q(s_i) + c · sqrt(Σ_i N(s_i)) / (1 + N(s_i))."""
+    return q + c * math.sqrt(sum(visits)) / (1 + n)
+
+
+@pytest.mark.parametrize(("q_values", "visits", "c"), [
+    ([0.0, 0.9], [0, 5], 2.0), ([0.0, 0.0, 0.4], [0, 0, 3], 1.414), ([0.0, 0.0], [0, 0], 1.0),
+    ([0.25, 0.75, 0.0], [2, 1, 0], 0.5)])
+def test_uct_paper_variant_is_eq5_as_printed(q_values: list[float], visits: list[int], c: float) -> None:
+    expected = [_eq5_as_printed(q, n, visits, c) for q, n in zip(q_values, visits, strict=True)]
+    scores = uct_scores(q_values, visits, c)  # the default is the paper's
+    assert all(math.isfinite(score) for score in scores)
+    assert scores == pytest.approx(expected)
+    assert uct_scores(q_values, visits, c, variant="paper") == pytest.approx(expected)
+    # an unvisited child scores c·sqrt(ΣN): 0 when no sibling was visited
+    for score, n in zip(scores, visits, strict=True):
+        if n == 0:
+            assert score == pytest.approx(c * math.sqrt(sum(visits)))
+    with pytest.raises(ValueError, match="UCT variant"):
+        uct_scores(q_values, visits, c, variant="other")  # type: ignore[arg-type]
+
+
+def _two_children_tree() -> tuple[QuestionTree, Node, Node]:
     tree = QuestionTree(as_question_items(["q"])[0], reasonrag.render_prompt("q"))
     root = tree.root
     root.expanded = True
@@ -106,7 +129,23 @@ def test_selection_prefers_unvisited_child() -> None:
     tree.backpropagate(visited, 1.0)
     visited.expanded = True
     tree.add(visited, stage="reasoning", action="evidence", text="c")
-    assert tree.select(c_uct=1.0) is fresh
+    return tree, visited, fresh
+
+
+def test_selection_released_code_prefers_unvisited_child() -> None:
+    tree, _, fresh = _two_children_tree()
+    assert tree.select(c_uct=1.0, uct="released_code") is fresh
+
+
+def test_selection_paper_scores_unvisited_child_finitely() -> None:
+    # visited: Q = 1, N = 1 -> 1 + 1·sqrt(1)/2 = 1.5; fresh: 0 + 1·sqrt(1)/1 = 1.0 -> the visited child's subtree
+    tree, visited, fresh = _two_children_tree()
+    assert _eq5_as_printed(1.0, 1, [1, 0], 1.0) > _eq5_as_printed(0.0, 0, [1, 0], 1.0)
+    selected = tree.select(c_uct=1.0)
+    assert selected is not fresh and selected is not None and selected.parent_id == visited.id
+    # with a large exploration weight the unvisited child wins under eq. 5 too: 0 + 3·1/1 = 3 > 1 + 3·1/2 = 2.5
+    tree, _, fresh = _two_children_tree()
+    assert tree.select(c_uct=3.0) is fresh
 
 
 def test_search_values_and_determinism() -> None:
@@ -146,7 +185,7 @@ def test_judge_value_excludes_unknown_verdicts() -> None:
                                 else Verdict(golden[0] in process))
             return verdicts
 
-    config = CONFIG.model_copy(update={"value": "judge"})
+    config = CONFIG.model_copy(update={"value": "judge", "judge_prompt": "answer_matching"})
     search = MCTSSearch(ScriptedPolicy(), FakeRetriever(), config, judge=FlakyJudge(), progress=False)  # type: ignore[arg-type]
     trees = search.search(questions(2))
     assert search.stats["unknown_verdicts"] > 0
@@ -155,6 +194,61 @@ def test_judge_value_excludes_unknown_verdicts() -> None:
         for node in tree.nodes[1:]:
             if node.stage != "terminal" and node.value is None:
                 assert sum(tree.nodes[c].N for c in node.children) == node.N  # never backpropagated itself
+
+
+class GradingPolicy(ScriptedPolicy):
+    """ScriptedPolicy that also answers Figure 14 prompts: ``So the score is [0.7]`` when the process names the
+    golden answer, ``0.2`` when it does not, and an unparsable reply for every third grading request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gradings: list[str] = []
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> list[list[Completion]]:
+        out: list[list[Completion]] = []
+        for prompt in prompts:
+            if reasonrag.PROCESS_EVALUATION_PROMPT not in prompt:
+                out.extend(super().generate([prompt], params))
+                continue
+            assert params.temperature == 0.0  # greedy grading
+            self.gradings.append(prompt)
+            answer = prompt.split("Golden answer: ")[1].split("\n")[0]
+            process = prompt.split("Intermediate reasoning process:\n")[1]
+            text = ("I cannot grade this." if len(self.gradings) % 3 == 0
+                    else f"Harsh review. So the score is [{0.7 if answer in process else 0.2}]")
+            out.append([Completion(text=text, token_ids=[1], logprobs=None, finish_reason="stop", stop=None,
+                                   prompt_tokens=1)])
+        return out
+
+
+def test_process_evaluation_scores_partial_process_with_figure_14() -> None:
+    config = CONFIG.model_copy(update={"value": "judge"})  # judge_prompt defaults to the paper's Fig. 14
+    assert config.judge_prompt == "process_evaluation"
+    policy = GradingPolicy()
+    search = MCTSSearch(policy, FakeRetriever(), config, progress=False)  # no Judge needed: π_θ grades (eq. 6)
+    trees = search.search(questions(2))
+    assert policy.gradings and search.stats["unknown_verdicts"] > 0
+    graded = 0
+    for tree in trees:
+        answer = tree.item.golden_answers[0]
+        for node in tree.nodes[1:]:
+            if node.stage == "terminal" or node.value is None:
+                continue
+            graded += 1
+            process = " ".join((item.lead + item.text).strip() for item in tree.path(node)[1:])
+            assert node.value == pytest.approx(0.7 if answer in process else 0.2)  # in [0, 1], not {0, 1}
+    assert graded > 0
+    with pytest.raises(ValueError, match="answer_matching"):
+        MCTSSearch(policy, FakeRetriever(), config.model_copy(update={"judge_prompt": "answer_matching"}),
+                   progress=False)
+
+
+@pytest.mark.parametrize(("reply", "score"), [
+    ("Flawed. So the score is [0.35].", 0.35), ("so the score is 1", 1.0), ("So the score is 0", 0.0),
+    ("So the score is [0.2]. Wait: So the score is [0.4]", 0.4), ("So the score is 10", None),
+    ("So the score is [1.5]", None), ("It is fine.", None), ("", None)])
+def test_parse_process_score(reply: str, score: float | None) -> None:
+    assert reasonrag.parse_process_score(reply) == (None if score is None else pytest.approx(score))
 
 
 def test_resume_after_a_kill_skips_finished_questions(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from prorag.data.selection import (
     QuestionSelection,
     pick_questions,
     question_text_key,
+    require_train_split,
     select_questions,
     warn_non_train_splits,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "question_text_key",
     "read_corpus_files",
     "read_jsonl",
+    "require_train_split",
     "select_questions",
     "warn_non_train_splits",
     "write_jsonl",

@@ -90,3 +90,15 @@ def warn_non_train_splits(questions: Sequence[Question], setting: str) -> dict[s
                        "from the evaluated questions, but a paper-scale run trains on train splits only",
                        setting, len(questions) - kinds["train"], len(questions), others)
     return dict(kinds)
+
+
+def require_train_split(questions: Sequence[Question], setting: str) -> None:
+    """Refuse training questions that are not of a train split: an SFT example (and any prompt example) must never
+    hold a dev or test question (``ValueError`` naming the setting, the sources and a few keys)."""
+    others = [question for question in questions if question.split_kind != "train"]
+    if others:
+        sources = sorted({question.source for question in others})
+        keys = ", ".join(question.key for question in others[:5])
+        raise ValueError(f"{setting}: {len(others)} of {len(questions)} questions are not of a train split "
+                         f"(sources {sources}; e.g. {keys}); SFT examples come from train splits only — list "
+                         "train-split question files there (split: train)")

@@ -1,12 +1,18 @@
 """On-the-fly detection of over-search and under-search steps (HiPRAG §3.2).
 
-* **Over-search**: for each search step ``(r, q, c, o)``, the policy is asked the query ``q`` alone as a
-  standalone question (:func:`reask_messages`, greedy) giving ``o′``; the over-search judge decides whether
-  ``o`` and ``o′`` are equivalent (Figure 5). Equivalent ⇒ over-search. All search steps of *all* rollouts of
+* **Over-search**: for each search step ``(r, q, c, o)``, the policy is asked the query ``q`` giving ``o′``; the
+  over-search judge decides whether ``o`` and ``o′`` are equivalent (Figure 5). Equivalent ⇒ over-search.
+  ``reask="paper"`` (default): "we take its search query q_i and directly prompt the policy model with it as a
+  standalone question" — the user message is the query alone, sampled as the policy samples in training
+  (temperature 1, top-p 1, §4; seeded). ``reask="instructed"`` (prorag's earlier behaviour, the embedded CPU
+  default): :data:`REASK_INSTRUCTION` before the query, greedy decoding. All search steps of *all* rollouts of
   the batch are re-asked in one batched generation (identical queries once), then judged in one batched call.
-* **Under-search**: the verifier judges each non-search step ``(r, o)`` with its question (Figure 6);
-  incorrect ⇒ under-search. One batched call. Each non-search step also carries the contexts retrieved by the
-  earlier search steps of its trajectory (``contexts=``): the paper's verifier ignores them, a grounding judge
+* **Under-search**: the verifier judges each non-search step ``(r, o)`` (Figure 6: "a single, isolated reasoning
+  step ... based only on the information within this single step"); incorrect ⇒ under-search. One batched call.
+  ``under_search_input="step"`` (default, the paper) sends the step alone; ``"step_and_question"`` (prorag's
+  earlier behaviour) also sends the question the agent was answering (:func:`prorag.judges.prompts.step_messages`).
+  Each non-search step also carries the contexts retrieved by the earlier search steps of its trajectory
+  (``contexts=``): the paper's verifier ignores them, a grounding judge
   (:class:`~prorag.judges.reference.ReferenceJudge`) uses them.
 
 The two phases run concurrently (two threads), as the paper suggests. A rollout that failed the format check
@@ -33,15 +39,32 @@ DetectionMode = Literal["both", "over_only", "under_only"]
 DETECTION_MODES: Final[tuple[str, ...]] = get_args(DetectionMode)
 StepKind = Literal["search", "non_search"]
 
+ReaskStyle = Literal["paper", "instructed"]
+UnderSearchInput = Literal["step", "step_and_question"]
+
 REASK_INSTRUCTION: Final = "Answer the following question concisely, in one short sentence."
-"""The instruction put before a re-asked query (the paper gives none; it asks the query "directly")."""
+"""The instruction put before a re-asked query by ``reask="instructed"`` (the paper gives none)."""
+PAPER_REASK_SAMPLING: Final = {"temperature": 1.0, "top_p": 1.0, "seed": 0}
+"""``reask="paper"``: the policy's own training sampling (HiPRAG §4: temperature and top-p 1), seeded."""
 
 _DOC_START = re.compile(r"\n(?=Doc \d+\s*\(Title:)")
 
 
-def reask_messages(query: str) -> list[dict[str, str]]:
-    """The chat for re-asking a search query as a standalone question."""
-    return [{"role": "user", "content": f"{REASK_INSTRUCTION}\n\nQuestion: {query.strip()}"}]
+def reask_messages(query: str, style: ReaskStyle = "paper") -> list[dict[str, str]]:
+    """The chat for re-asking a search query as a standalone question: the query alone (``paper``) or after
+    :data:`REASK_INSTRUCTION` (``instructed``)."""
+    if style == "paper":
+        return [{"role": "user", "content": query.strip()}]
+    if style == "instructed":
+        return [{"role": "user", "content": f"{REASK_INSTRUCTION}\n\nQuestion: {query.strip()}"}]
+    raise ValueError(f"unknown re-ask style {style!r} (use 'paper' or 'instructed')")
+
+
+def reask_sampling(style: ReaskStyle, max_new_tokens: int) -> SamplingParams:
+    """How a re-ask is decoded: the policy's training sampling (``paper``) or greedy (``instructed``)."""
+    if style == "paper":
+        return SamplingParams(max_new_tokens=max_new_tokens, **PAPER_REASK_SAMPLING)  # type: ignore[arg-type]
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
 
 
 @dataclass(frozen=True)
@@ -122,7 +145,8 @@ def split_context(context: str) -> list[str]:
 
 
 def detect(rollouts: Sequence[Any], policy: Generator, over_judge: Judge, under_judge: Judge, *,
-           reask_max_new_tokens: int = 64, mode: DetectionMode = "both") -> list[StepVerdicts]:
+           reask_max_new_tokens: int = 64, mode: DetectionMode = "both", reask: ReaskStyle = "paper",
+           under_search_input: UnderSearchInput = "step") -> list[StepVerdicts]:
     """Detect over-/under-search in every step of ``rollouts`` (see the module docstring).
 
     ``rollouts`` are :class:`~prorag.agent.trajectory.Rollout` records (or anything with ``question``,
@@ -133,6 +157,10 @@ def detect(rollouts: Sequence[Any], policy: Generator, over_judge: Judge, under_
         raise ValueError(f"mode must be one of {DETECTION_MODES}, got {mode!r}")
     if reask_max_new_tokens < 1:
         raise ValueError(f"reask_max_new_tokens must be >= 1, got {reask_max_new_tokens}")
+    if reask not in ("paper", "instructed"):
+        raise ValueError(f"unknown re-ask style {reask!r} (use 'paper' or 'instructed')")
+    if under_search_input not in ("step", "step_and_question"):
+        raise ValueError(f"unknown under_search_input {under_search_input!r} (use 'step' or 'step_and_question')")
     search_jobs: list[_SearchJob] = []
     non_search_jobs: list[_NonSearchJob] = []
     layout: list[list[tuple[int, StepKind]] | None] = []
@@ -153,7 +181,8 @@ def detect(rollouts: Sequence[Any], policy: Generator, over_judge: Judge, under_
                     earlier.extend(split_context(str(step["context"])))
             elif kind == "non_search":
                 if mode != "over_only":
-                    non_search_jobs.append(_NonSearchJob(rollout_index, step_index, str(rollout.question),
+                    question = str(rollout.question) if under_search_input == "step_and_question" else ""
+                    non_search_jobs.append(_NonSearchJob(rollout_index, step_index, question,
                                                          str(step.get("reasoning") or ""), step.get("conclusion"),
                                                          list(earlier)))
             else:
@@ -163,7 +192,7 @@ def detect(rollouts: Sequence[Any], policy: Generator, over_judge: Judge, under_
 
     phases: list[Callable[[], dict[tuple[int, int], StepVerdict]]] = []
     if search_jobs:
-        phases.append(lambda: _over_phase(search_jobs, policy, over_judge, reask_max_new_tokens))
+        phases.append(lambda: _over_phase(search_jobs, policy, over_judge, reask_max_new_tokens, reask))
     if non_search_jobs:
         phases.append(lambda: _under_phase(non_search_jobs, under_judge))
     judged: dict[tuple[int, int], StepVerdict] = {}
@@ -192,15 +221,15 @@ def detect(rollouts: Sequence[Any], policy: Generator, over_judge: Judge, under_
 
 
 def _over_phase(jobs: list[_SearchJob], policy: Generator, judge: Judge,
-                max_new_tokens: int) -> dict[tuple[int, int], StepVerdict]:
+                max_new_tokens: int, style: ReaskStyle) -> dict[tuple[int, int], StepVerdict]:
     out: dict[tuple[int, int], StepVerdict] = {}
     queries = list(dict.fromkeys(job.query for job in jobs if job.query is not None and job.conclusion is not None))
     answers: dict[str, str] = {}
     generation_error: str | None = None
     if queries:
         try:
-            completions = generate_chat(policy, [reask_messages(query) for query in queries],
-                                        SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
+            completions = generate_chat(policy, [reask_messages(query, style) for query in queries],
+                                        reask_sampling(style, max_new_tokens))
         except GenerationError as error:
             generation_error = f"re-ask generation failed: {error}"
             logger.warning("over-search detection: %s", generation_error)

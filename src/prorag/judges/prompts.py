@@ -15,8 +15,9 @@ The papers give the instructions but not how the judged material is laid out. We
 system message and the material as the user message:
 
 * over-search: ``Statement 1: <o>`` and ``Statement 2: <o′>`` on two lines (:func:`equivalence_messages`);
-* under-search: the question the agent was answering, then the step in the tags the instruction names,
-  ``<reasoning>…</reasoning>`` and ``<conclusion>…</conclusion>`` (:func:`step_messages`);
+* under-search: the step in the tags the instruction names, ``<reasoning>…</reasoning>`` and
+  ``<conclusion>…</conclusion>``, alone (the paper's "single, isolated reasoning step"), or after the question the
+  agent was answering (``under_search_input: step_and_question``) (:func:`step_messages`);
 * answer check: the whole filled template as one user message (the paper's template is self-contained).
 
 Reply parsing is strict: :func:`parse_boolean_answer` accepts only ``<answer>True</answer>`` /
@@ -80,13 +81,13 @@ def equivalence_messages(statement_a: str, statement_b: str) -> Messages:
 
 
 def step_messages(question: str, reasoning: str, conclusion: str) -> Messages:
-    """Chat messages asking whether a non-search step is correct (Figure 6)."""
-    user = (
-        f"The agent is answering the question: {question.strip()}\n\n"
-        f"The step to evaluate:\n"
-        f"<reasoning>{reasoning.strip()}</reasoning>\n"
-        f"<conclusion>{conclusion.strip()}</conclusion>"
-    )
+    """Chat messages asking whether a non-search step is correct (Figure 6). An empty ``question`` sends the step
+    alone, as the paper's verifier sees it ("a single, isolated reasoning step"); a question is sent before it
+    (``under_search_input: step_and_question``, prorag's earlier layout)."""
+    step = f"<reasoning>{reasoning.strip()}</reasoning>\n<conclusion>{conclusion.strip()}</conclusion>"
+    if not question.strip():
+        return [{"role": "system", "content": UNDER_SEARCH_PROMPT}, {"role": "user", "content": step}]
+    user = f"The agent is answering the question: {question.strip()}\n\nThe step to evaluate:\n{step}"
     return [{"role": "system", "content": UNDER_SEARCH_PROMPT}, {"role": "user", "content": user}]
 
 

@@ -18,8 +18,14 @@ Relevance edges (the printed formulas were lost; rebuilt from the prose and arXi
 * eq. (1) chunk–subquery: ``w(q, c_i) = softmax_i(s(q, c_i)) = exp s(q, c_i) / Σ_{c_j ∈ C_q} exp s(q, c_j)``
   ("the relevance score computed by the retriever, normalized"; the normalizer's name was lost — softmax is
   assumed, ``min-max`` and ``sum`` are options);
-* eq. (2) triplet–subquery: ``w(q, τ_j) = 1 if s(q, τ_j) ≥ θ else 0`` (no edge) — a threshold because triplet
-  similarities are unreliable for lack of context (``triplet_edge="score"`` keeps ``s·1[s ≥ θ]`` instead).
+* eq. (2) triplet–subquery: the relevance score, thresholded ("triplet similarities are unreliable for lack of
+  context"), and normalized like the chunk edges: with ``T_q^θ = {τ ∈ T_q : s(q, τ) ≥ θ}``,
+  ``w(q, τ_j) = norm_{τ_k ∈ T_q^θ}(s(q, τ_j))`` for ``τ_j ∈ T_q^θ`` (the same normalizer as eq. (1): for softmax
+  ``exp s(q, τ_j) / Σ_{τ_k ∈ T_q^θ} exp s(q, τ_k)``) and no edge below θ (``triplet_edge="normalized"``, the
+  default). The chunk edges and the triplet edges then each sum to 1, so a triplet outranks a chunk only by its
+  score and its co-occurrences. Options: ``triplet_edge="score"`` keeps the raw ``s·1[s ≥ θ]``; ``"indicator"``
+  weighs every triplet over θ 1 (prorag's earlier default: with chunk edges summing to 1, any triplet over θ
+  outweighs every chunk by construction).
 
 **PPR** (§4.2.5, eq. 3): ``r^{(t+1)} = α · P · r^{(t)} + (1 − α) · v`` for ``t < T``, with ``P = A D^{-1}`` the
 column-normalized weighted adjacency and ``v`` the personalization — 1 on ``q`` and 0.5 on each key entity
@@ -66,7 +72,7 @@ if TYPE_CHECKING:
 
 SUBQUERY_NODE: Final = ("subquery",)
 ChunkNormalization = Literal["softmax", "minmax", "sum"]
-TripletEdge = Literal["indicator", "score"]
+TripletEdge = Literal["normalized", "score", "indicator"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,9 @@ class KagSettings:
     tolerance: float = 1e-6
     triplet_threshold: float = 0.5
     """θ of eq. (2)."""
-    triplet_edge: TripletEdge = "indicator"
+    triplet_edge: TripletEdge = "normalized"
+    """Eq. (2)'s weight over θ: ``normalized`` (the thresholded scores, normalized like the chunk edges), ``score``
+    (the raw score) or ``indicator`` (1)."""
     chunk_normalization: ChunkNormalization = "softmax"
     subquery_weight: float = 1.0
     key_entity_weight: float = 0.5
@@ -153,11 +161,21 @@ def normalize_chunk_scores(scores: Sequence[float], method: ChunkNormalization) 
     raise ValueError(f"unknown chunk_normalization {method!r}")
 
 
-def triplet_edge_weight(score: float, settings: KagSettings) -> float:
-    """Eq. (2): 1 (or the score) at or above the threshold θ, else 0 (no edge)."""
-    if score < settings.triplet_threshold:
-        return 0.0
-    return 1.0 if settings.triplet_edge == "indicator" else float(score)
+def triplet_edge_weights(scores: Sequence[float], settings: KagSettings) -> list[float]:
+    """Eq. (2) for the triplets of one subquery: 0 (no edge) below θ; at or above it the score normalized over the
+    triplets that pass θ with eq. (1)'s normalizer (``normalized``), the raw score (``score``) or 1 (``indicator``)."""
+    passing = [index for index, score in enumerate(scores) if score >= settings.triplet_threshold]
+    weights = [0.0] * len(scores)
+    if settings.triplet_edge == "normalized":
+        normalized = normalize_chunk_scores([scores[index] for index in passing], settings.chunk_normalization)
+        for index, weight in zip(passing, normalized, strict=True):
+            weights[index] = float(weight)
+        return weights
+    if settings.triplet_edge not in ("score", "indicator"):
+        raise ValueError(f"unknown triplet_edge {settings.triplet_edge!r}")
+    for index in passing:
+        weights[index] = 1.0 if settings.triplet_edge == "indicator" else float(scores[index])
+    return weights
 
 
 def build_kag(chunks: Sequence[KagChunk], triplets: Sequence[KagTriplet], key_entities: Sequence[str],
@@ -186,7 +204,7 @@ def build_kag(chunks: Sequence[KagChunk], triplets: Sequence[KagTriplet], key_en
         if entity_key(chunk.title):
             graph.add_node(entity_node(chunk.title), kind="entity")
             co_occurrence(node, entity_node(chunk.title), "chunk-title")
-    for triplet in triplets:
+    for triplet, weight in zip(triplets, triplet_edge_weights([t.score for t in triplets], settings), strict=True):
         node, head, tail = triplet_node(triplet.id), entity_node(triplet.head), entity_node(triplet.tail)
         graph.add_node(node, kind="triplet")
         for entity in (head, tail):
@@ -200,7 +218,6 @@ def build_kag(chunks: Sequence[KagChunk], triplets: Sequence[KagTriplet], key_en
             co_occurrence(source, node, "chunk-triplet")
             co_occurrence(source, head, "chunk-entity")
             co_occurrence(source, tail, "chunk-entity")
-        weight = triplet_edge_weight(triplet.score, settings)
         if weight > 0:
             graph.add_edge(SUBQUERY_NODE, node, weight=weight, rule="triplet-subquery")
     return graph

@@ -88,7 +88,7 @@ class KagParams(StrictModel):
     max_iterations: PositiveInt = KagSettings.max_iterations
     tolerance: float = Field(default=KagSettings.tolerance, gt=0.0)
     triplet_threshold: float = KagSettings.triplet_threshold
-    triplet_edge: Literal["indicator", "score"] = KagSettings.triplet_edge
+    triplet_edge: Literal["normalized", "score", "indicator"] = KagSettings.triplet_edge
     chunk_normalization: Literal["softmax", "minmax", "sum"] = KagSettings.chunk_normalization
     subquery_weight: float = Field(default=KagSettings.subquery_weight, gt=0.0)
     key_entity_weight: float = Field(default=KagSettings.key_entity_weight, ge=0.0)

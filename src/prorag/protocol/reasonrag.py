@@ -93,22 +93,23 @@ SYSTEM_PROMPT: Final = (
     f"Then:\n{GROUNDING_PROMPT}\n"
     "After the evidence, continue reasoning as above."
 )
-# Worked examples for small policies (``few_shot=True``): a two-hop question built from the paper's own case
-# (Appendix B, Figure 10), written in this transcript format, and a direct answer. The paper's prompt has none
-# ("no extra prompt design is needed").
+# Worked examples for small policies (``few_shot=True``): a two-hop question of MuSiQue's *train* split
+# (2hop__639451_47353 in data/01_raw/qa/musique_train.jsonl, its supporting paragraphs quoted), written in this
+# transcript format, and an invented direct answer. The paper's prompt has none ("no extra prompt design is
+# needed"); its own case (Appendix B) is a 2WikiMultihopQA dev question and stays out of every prompt.
 FEW_SHOT_EXAMPLES: Final = (
-    "Example 1\nQuestion: When did the director of Il Coraggio die?\n"
-    "So the next query is <query>director of Il Coraggio</query>\n"
-    "<documents>\nDoc 1(Title: Il Coraggio) Il Coraggio is a 1955 Italian comedy film directed by Domenico "
-    "Paolella.\n</documents>\n"
-    "Based on the query, the relevant evidence is <evidence>Il Coraggio was directed by Domenico Paolella."
+    "Example 1\nQuestion: Who played the It'll Be Me singer in Walk the Line?\n"
+    "So the next query is <query>singer of It'll Be Me</query>\n"
+    "<documents>\nDoc 1(Title: It'll Be Me (Jerry Lee Lewis song)) \"It'll Be Me\" is a song written by Jack "
+    "Clement, first released in April 1957 by Jerry Lee Lewis.\n</documents>\n"
+    "Based on the query, the relevant evidence is <evidence>It'll Be Me was first released by Jerry Lee Lewis."
     "</evidence>\n"
-    "So the next query is <query>When did Domenico Paolella die?</query>\n"
-    "<documents>\nDoc 1(Title: Domenico Paolella) Domenico Paolella (15 October 1915 - 7 October 2002) was an "
-    "Italian director.\n</documents>\n"
-    "Based on the query, the relevant evidence is <evidence>Domenico Paolella died on 7 October 2002."
+    "So the next query is <query>actor who played Jerry Lee Lewis in Walk the Line</query>\n"
+    "<documents>\nDoc 1(Title: Waylon Payne) Waylon Malloy Payne (born April 5, 1972) is an American country "
+    "singer, songwriter, musician and actor. He played Jerry Lee Lewis in Walk the Line.\n</documents>\n"
+    "Based on the query, the relevant evidence is <evidence>Waylon Payne played Jerry Lee Lewis in Walk the Line."
     "</evidence>\n"
-    "So the answer is <answer>7 October 2002</answer>\n\n"
+    "So the answer is <answer>Waylon Payne</answer>\n\n"
     "Example 2\nQuestion: What is the capital of France?\n"
     "This is well known. So the answer is <answer>Paris</answer>"
 )
@@ -125,6 +126,31 @@ PROCESS_EVALUATION_PROMPT: Final = (
 )
 
 _TAG_RE: Final = re.compile("|".join(re.escape(tag) for tag in PROTOCOL_TAGS))
+
+
+_SCORE_RE: Final = re.compile(r"the\s+score\s+is\s*[:\[(]?\s*([01](?:\.\d+)?|\.\d+)(?![\d.])", re.IGNORECASE)
+
+
+def process_evaluation_messages(question: str, golden_answers: tuple[str, ...] | list[str],
+                                process: str) -> list[dict[str, str]]:
+    """Eq. 6's input ``(x, y_1:t, answer, p_eval)`` as chat messages: Figure 14 as the system prompt, then the
+    question, the golden answer(s) and the agent's intermediate process (the paper does not print the layout)."""
+    answers = " | ".join(answer.strip() for answer in golden_answers)
+    user = (f"Question: {question.strip()}\nGolden answer: {answers}\n"
+            f"Intermediate reasoning process:\n{process.strip()}")
+    return [{"role": "system", "content": PROCESS_EVALUATION_PROMPT}, {"role": "user", "content": user}]
+
+
+def parse_process_score(reply: str | None) -> float | None:
+    """The score of a Figure 14 reply: the number of its last ``So the score is [s]`` (brackets optional) when it
+    lies in [0, 1]; None (unknown) for a reply without one or with a score outside [0, 1]."""
+    if not reply:
+        return None
+    matches = _SCORE_RE.findall(reply)
+    if not matches:
+        return None
+    value = float(matches[-1])
+    return value if 0.0 <= value <= 1.0 else None
 
 
 class ReasonRAGParseError(ValueError):

@@ -110,23 +110,30 @@ INSTRUCTIONS: Final = (
     "Use as few steps as the question needs."
 )
 
-EXAMPLE_QUESTION: Final = "Where was the place of death of Alexander Carl Otto Westphal's father?"
+EXAMPLE_QUESTION: Final = "What time does the state where Greenfield-Central High is stop selling booze?"
 EXAMPLE_COMPLETION: Final = (
-    "<step>\n<entities>Alexander Carl Otto Westphal</entities>\n"
-    "<subquery>Who was the father of Alexander Carl Otto Westphal?</subquery>\n<Reference>\n"
-    'Doc 1(Title: "Carl Friedrich Otto Westphal") Carl Friedrich Otto Westphal (23 March 1833, in Berlin - '
-    "27 January 1890, in Kreuzlingen) was a German psychiatrist, the father of Alexander Karl Otto Westphal.\n"
-    "Doc 2(Title: Alexander Carl Otto Westphal) Alexander Carl Otto Westphal | father | Carl Friedrich Otto "
-    "Westphal\n</Reference>\n"
-    "<summary>The triplet (Alexander Carl Otto Westphal, father, Carl Friedrich Otto Westphal) shows the father "
-    "is Carl Friedrich Otto Westphal, who died in Kreuzlingen. So the answer is Kreuzlingen.</summary>\n"
-    "</step>\n<answer>Kreuzlingen</answer>"
+    "<step>\n<entities>Greenfield-Central High School</entities>\n"
+    "<subquery>In which state is Greenfield-Central High School?</subquery>\n<Reference>\n"
+    "Doc 1(Title: Greenfield-Central High School) Greenfield-Central High School is a secondary school located "
+    "in the city of Greenfield, Indiana.\n"
+    "Doc 2(Title: Greenfield-Central High School) Greenfield-Central High School | located in | Indiana\n"
+    "</Reference>\n"
+    "<summary>The triplet (Greenfield-Central High School, located in, Indiana) shows the state is Indiana."
+    "</summary>\n</step>\n"
+    "<step>\n<entities>Indiana</entities>\n"
+    "<subquery>When do stores stop selling alcohol in Indiana?</subquery>\n<Reference>\n"
+    "Doc 1(Title: Alcohol laws of Indiana) In Indiana, alcohol may be sold only to those 21 years of age or older "
+    "during the hours 7 a.m. to 3 a.m.\n</Reference>\n"
+    "<summary>Alcohol may be sold in Indiana from 7 a.m. to 3 a.m., so sales stop at 3 a.m.</summary>\n"
+    "</step>\n<answer>3 a.m.</answer>"
 )
-"""The case study of Table 11 in this format (one step: the context already holds the second fact)."""
+"""A two-hop question of MuSiQue's *train* split (2hop__129962_69002 in data/01_raw/qa/musique_train.jsonl, its
+supporting paragraphs quoted) in this format. The paper's case study (Table 11) is a 2WikiMultihopQA dev question
+and stays out of every prompt."""
 
 
 def system_prompt(*, few_shot: bool = True) -> str:
-    """The instruction, with the worked example of Table 11 when ``few_shot``."""
+    """The instruction, with the worked example (:data:`EXAMPLE_COMPLETION`) when ``few_shot``."""
     if not few_shot:
         return INSTRUCTIONS
     return f"{INSTRUCTIONS}\n\nExample\nQuestion: {EXAMPLE_QUESTION}\nOutput:\n{EXAMPLE_COMPLETION}"

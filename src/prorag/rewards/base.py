@@ -21,7 +21,7 @@ import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 import numpy as np
 from pydantic import Field
@@ -51,6 +51,11 @@ class RewardSettings(StrictModel):
     """The registered reward (:func:`prorag.rewards.registry.reward_kinds`)."""
     reask_max_new_tokens: int = Field(default=48, ge=1)
     """Tokens the policy may write when a search step's query is re-asked alone (over-search detection, §3.2)."""
+    reask: Literal["paper", "instructed"] = "paper"
+    """Over-search re-ask (§3.2): ``paper`` — the query alone, sampled as in training (temperature 1); ``instructed``
+    — an instruction before it, greedy (prorag's earlier behaviour; :mod:`prorag.judges.detection`)."""
+    under_search_input: Literal["step", "step_and_question"] = "step"
+    """What the under-search verifier reads (Fig. 6): the step alone (``step``, the paper) or the question too."""
     over_search_judge: JudgeSpec = JudgeSpec()
     under_search_judge: JudgeSpec = JudgeSpec()
     judge_retriever: str = DEFAULT_DETECTION_RETRIEVER

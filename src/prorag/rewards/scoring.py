@@ -97,7 +97,8 @@ class RolloutScorer:
             assert self.over_judge is not None and self.under_judge is not None
             verdicts = detect(rollouts, policy, self.over_judge, self.under_judge,
                               reask_max_new_tokens=reward.settings.reask_max_new_tokens,
-                              mode=reward.mode()) if rollouts else []  # type: ignore[arg-type]
+                              mode=reward.mode(), reask=reward.settings.reask,  # type: ignore[arg-type]
+                              under_search_input=reward.settings.under_search_input) if rollouts else []
         if reward.needs.evidence:
             missing = sorted({rollout.question_key for rollout in rollouts} - set(self.questions))
             if missing:

@@ -12,11 +12,23 @@ be read from this machine, so nothing below is checked against it). For a path `
 * eqs. 9–11, memory vectors over the golden evidence ``G = {g_1 … g_m}``:
   ``M^q_j = max_t sim(g_j, q_t)``, ``M^c_j = max_t sim(g_j, c_t)``, ``M^s_j = max_t sim(g_j, o_t)``, where
   ``sim(g, x) = σ(reranker(g, x))`` ∈ [0, 1];
-* eq. 12, step-normalized knowledge matching: ``r_q = Σ_j M^q_j / T``, ``r_c = Σ_j M^c_j / T``,
-  ``r_s = Σ_j M^s_j / T`` (a path with ``T ≈ m`` steps is not penalized; ``T > m`` is);
+* eq. 12, knowledge matching normalized by steps *and* evidences (``normalization="steps_and_evidence"``, the
+  default)::
+
+      r_x = Σ_{j=1..m} M^x_j / max(T, m)        for x ∈ {q, c, s}
+
+  The prose: "an ideal path might decompose the problem into approximately m subqueries"; ``T ≈ m`` is concise,
+  ``T > m`` is overthinking, so "we normalize the summed memory scores by the number of steps". For ``T ≥ m``
+  this *is* ``Σ_j M_j / T`` (information gain per step); for ``T < m`` it is the mean coverage ``Σ_j M_j / m``,
+  so ``r_x ∈ [0, 1]``, the ideal path (``T = m``, every ``M_j = 1``) scores 1, a path that skips a hop cannot
+  reach it (a one-step path of a two-hop question gets at most ``(1 + M_2) / 2``), and an extra step costs
+  ``m / (m + 1)``. ``normalization="steps"`` is the literal ``Σ_j M_j / T``: it ranks a one-step path that
+  covers one hop of two (``1 + M_2``, up to 2) *above* the ideal two-step path (1), the opposite of the prose,
+  and exceeds 1 — kept to reproduce that reading. The printed eq. 12 was lost from the text here and could not
+  be read from this machine; ``max(T, m)`` is the reconstruction that satisfies every sentence around it;
 * eq. 13, process reward: ``r_p = w_e·r_e + w_q·r_q + w_c·r_c + w_s·r_s``. The paper's weights were lost with the
-  symbols; the default is the plain mean (``w = 1/4`` each), which keeps ``r_p`` on the scale of ``r_o`` and
-  ``r_f`` when ``T ≈ m`` (the pairs are ranked by ``r_o + r_f + r_p``). This is a reconstruction.
+  symbols; the default is the plain mean (``w = 1/4`` each), which keeps ``r_p`` in [0, 1], the scale of
+  ``r_o`` and ``r_f`` (the pairs are ranked by ``r_o + r_f + r_p``). This is a reconstruction.
 
 Single-hop questions (no golden evidence, §4.3.2 "DPO pair construction"): no process reward; the outcome is
 divided by the path length, ``r_o ← r_o / T`` and ``r_p = 0``.
@@ -44,6 +56,9 @@ from prorag.rewards.base import Reward, RewardNeeds, RewardScores, RewardSetting
 
 if TYPE_CHECKING:
     from prorag.retrieval.embedder import Embedder
+
+KnowledgeNormalization = Literal["steps_and_evidence", "steps"]
+KNOWLEDGE_NORMALIZATIONS: tuple[KnowledgeNormalization, ...] = ("steps_and_evidence", "steps")
 
 Similarity = Callable[[Sequence[str], Sequence[str]], np.ndarray]
 """``sim(evidence, texts)`` → an array of shape ``(len(evidence), len(texts))`` with values in [0, 1]."""
@@ -209,20 +224,26 @@ class TeaRAGReward:
         return {**asdict(self), "total": self.total}
 
 
-def knowledge_matching(path: TeaRAGPath, evidence: Sequence[str], similarity: Similarity) -> tuple[float, float, float]:
-    """Eq. 12: ``(r_q, r_c, r_s)``, each memory vector summed and divided by the number of steps."""
+def knowledge_matching(path: TeaRAGPath, evidence: Sequence[str], similarity: Similarity, *,
+                       normalization: KnowledgeNormalization = "steps_and_evidence") -> tuple[float, float, float]:
+    """Eq. 12: ``(r_q, r_c, r_s)``, each memory vector summed and divided by ``max(T, m)`` (``steps_and_evidence``)
+    or by ``T`` (``steps``); ``T`` steps, ``m`` golden evidences."""
+    if normalization not in KNOWLEDGE_NORMALIZATIONS:
+        raise ValueError(f"unknown normalization {normalization!r} (use one of {KNOWLEDGE_NORMALIZATIONS})")
     steps = path.steps
     memories = (
         memory_vector(evidence, [step.subquery for step in steps], similarity),
         memory_vector(evidence, [step.context for step in steps], similarity),
         memory_vector(evidence, [step.summary for step in steps], similarity),
     )
-    r_q, r_c, r_s = (float(memory.sum()) / path.n_steps for memory in memories)
+    denominator = path.n_steps if normalization == "steps" else max(path.n_steps, len(evidence))
+    r_q, r_c, r_s = (float(memory.sum()) / denominator for memory in memories)
     return r_q, r_c, r_s
 
 
 def tearag_reward(completion: str, golden_answers: Sequence[str], evidence: Sequence[str],
-                  similarity: Similarity | None, *, weights: ProcessWeights | None = None) -> TeaRAGReward:
+                  similarity: Similarity | None, *, weights: ProcessWeights | None = None,
+                  normalization: KnowledgeNormalization = "steps_and_evidence") -> TeaRAGReward:
     """The reward of one completion (eqs. 5–13).
 
     ``evidence`` empty ⇒ single-hop (``r_o / T``, no process reward). A path that fails the format gets
@@ -244,7 +265,7 @@ def tearag_reward(completion: str, golden_answers: Sequence[str], evidence: Sequ
                             single_hop=True)
     if similarity is None:
         raise ValueError("a multi-hop question (with golden evidence) needs a similarity for the process reward")
-    r_q, r_c, r_s = knowledge_matching(path, evidence, similarity)
+    r_q, r_c, r_s = knowledge_matching(path, evidence, similarity, normalization=normalization)
     process = (weights.consistency * consistency + weights.subquery * r_q + weights.context * r_c
                + weights.summary * r_s)
     return TeaRAGReward(outcome=f1, f1=f1, format=1.0, process=process, consistency=consistency, subquery_match=r_q,
@@ -261,6 +282,9 @@ class KnowledgeMatchingSettings(RewardSettings):
     similarity: str = "embedder:bundled:all-minilm-l6-v2"
     """``reranker:<model>`` (the paper's: a cross-encoder logit through a sigmoid) or ``embedder:<spec>`` (the CPU
     deviation: clipped cosine of the bundled embedder)."""
+    normalization: KnowledgeNormalization = "steps_and_evidence"
+    """Eq. 12's normalizer: ``steps_and_evidence`` (``max(T, m)``, the reconstruction) or ``steps`` (``T`` alone,
+    the literal reading; see the module docstring)."""
     weight_consistency: float = Field(default=0.25, ge=0)
     weight_subquery: float = Field(default=0.25, ge=0)
     weight_context: float = Field(default=0.25, ge=0)
@@ -303,7 +327,8 @@ class KnowledgeMatchingReward(Reward):
         for rollout in rollouts:
             evidence = golden_evidence(context.questions[rollout.question_key])
             reward = tearag_reward(rollout.completion, rollout.golden_answers, evidence,
-                                   self.similarity() if evidence else None, weights=weights)
+                                   self.similarity() if evidence else None, weights=weights,
+                                   normalization=self.settings.normalization)  # type: ignore[attr-defined]
             for name, value in (("outcome", reward.outcome), ("format", reward.format), ("process", reward.process)):
                 components[name].append(float(value))
             totals.append(float(reward.total))

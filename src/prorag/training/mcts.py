@@ -6,8 +6,12 @@ A node is a state ``s = (x, y_<i, stage)`` reached by one action (query / eviden
 
 1. **Selection** (eq. 5): from the root, the live child with the highest
    ``Q(s_i) + c_uct · sqrt(Σ_j N(s_j)) / (1 + N(s_i))`` (:func:`uct_scores`; the parent's count is the sum of its
-   children's visits, as printed); an unvisited child scores ``+inf`` ("the algorithm begins by exploring
-   unvisited states", and the anchor code's ``default_uct_score``), until a node that is not yet expanded.
+   children's visits, as printed), until a node that is not yet expanded. ``uct="paper"`` (default) applies eq. 5
+   as printed to every child, so an unvisited child (``Q = 0``, ``N = 0``) scores ``c_uct · sqrt(Σ_j N_j)`` (0 when
+   no sibling was visited); ``uct="released_code"`` is the authors' released code, where an unvisited child
+   scores ``+inf`` (``default_uct_score``). The two differ only when a selected node has unvisited children:
+   never in ``value="rollout"`` (every new child is valued at once), often in ``value="judge"`` (an unknown
+   verdict leaves a child unvisited).
 2. **Expansion**: the missing ``max_children`` actions sampled from the policy for every selected node of every
    question in ONE ``Generator.generate`` call (``SamplingParams(n=...)``), then ONE ``Retriever.search`` call for
    every new query. Malformed samples and duplicate siblings are dropped (counted); a node short of children is
@@ -16,11 +20,14 @@ A node is a state ``s = (x, y_<i, stage)`` reached by one action (query / eviden
    paper's setting) lets the tree open a query or an answer for a policy too small to write the tags itself.
 3. **Value**: ``value="rollout"`` — SPRE (eq. 1, :func:`prorag.rewards.spre.spre_value`): ``k`` simulations to a
    final answer (batched across all new nodes), ``v`` = F1 to the gold answers (a simulation that ends without
-   an answer has ``v = 0``), ``steps`` = the rounds of the whole trajectory; ``value="judge"`` — eq. 6: a judge
-   (:class:`prorag.judges.base.Judge`, ``answer_correct`` on the process so far) says whether the process leads
-   to a gold answer, ``v ∈ {0, 1}`` (the paper's judge grades in ``[0, 1]``; the project's judge interface is
-   binary); an *unknown* verdict is excluded (no backpropagation), never counted correct. A Terminal node's value
-   is exact in both modes: ``F1 · α^depth``.
+   an answer has ``v = 0``), ``steps`` = the rounds of the whole trajectory; ``value="judge"`` — eq. 6,
+   ``v(s) = π_θ(· | x, y_1:t, answer, p_eval)``: with ``judge_prompt="process_evaluation"`` (the paper) the
+   explorer policy itself reads Figure 14's "Process Evaluation" prompt, the question, the golden answer and the
+   partial process (:func:`prorag.protocol.reasonrag.process_evaluation_messages`, greedy) and ``v`` is the score
+   in ``[0, 1]`` its reply ends with (``So the score is s``); with ``judge_prompt="answer_matching"`` (prorag's
+   earlier reading) a :class:`prorag.judges.base.Judge`'s binary ``answer_correct`` on the process so far gives
+   ``v ∈ {0, 1}``. An unparsable reply or *unknown* verdict is excluded (no backpropagation), never counted
+   correct. A Terminal node's value is exact in both modes: ``F1 · α^depth``.
 4. **Backpropagation** (eq. 7): ``N(s) += 1`` and ``Q(s)`` = the mean of the values propagated through ``s``.
 
 Branches that yield no final answer are pruned: a node none of whose simulations or descendants reached an answer
@@ -72,8 +79,13 @@ QUERY_OPENING: Final = reasonrag.QUERY_PREFIX + reasonrag.QUERY_OPEN
 ANSWER_OPENING: Final = reasonrag.ANSWER_PREFIX + reasonrag.ANSWER_OPEN
 
 
-def uct_scores(q_values: Sequence[float], visit_counts: Sequence[int], c_uct: float) -> list[float]:
-    """Eq. 5 for the children of one node: ``Q_i + c_uct · sqrt(Σ_j N_j) / (1 + N_i)``; ``+inf`` where ``N_i = 0``."""
+UCTVariant = Literal["paper", "released_code"]
+
+
+def uct_scores(q_values: Sequence[float], visit_counts: Sequence[int], c_uct: float, *,
+               variant: UCTVariant = "paper") -> list[float]:
+    """Eq. 5 for the children of one node: ``Q_i + c_uct · sqrt(Σ_j N_j) / (1 + N_i)``, finite for every child
+    (``variant="paper"``); ``variant="released_code"`` scores an unvisited child (``N_i = 0``) ``+inf`` instead."""
     q_values, visit_counts = list(q_values), list(visit_counts)
     if len(q_values) != len(visit_counts):
         raise ValueError(f"{len(q_values)} Q values but {len(visit_counts)} visit counts")
@@ -81,8 +93,10 @@ def uct_scores(q_values: Sequence[float], visit_counts: Sequence[int], c_uct: fl
         raise ValueError(f"visit counts must be non-negative ints, got {visit_counts!r}")
     if not c_uct >= 0:
         raise ValueError(f"c_uct must be >= 0, got {c_uct!r}")
+    if variant not in ("paper", "released_code"):
+        raise ValueError(f"unknown UCT variant {variant!r} (use 'paper' or 'released_code')")
     exploration = math.sqrt(sum(visit_counts))
-    return [math.inf if n == 0 else float(q) + c_uct * exploration / (1 + n)
+    return [math.inf if n == 0 and variant == "released_code" else float(q) + c_uct * exploration / (1 + n)
             for q, n in zip(q_values, visit_counts, strict=True)]
 
 
@@ -98,11 +112,20 @@ class MCTSConfig(StrictModel):
     rollouts: PositiveInt = 4
     """``k`` of eq. 1: simulations per new node (value="rollout"); the paper does not give it."""
     c_uct: float = Field(default=1.414, ge=0)
+    uct: UCTVariant = "paper"
+    """Eq. 5 as printed (``paper``: an unvisited child scores ``c_uct·sqrt(Σ N)``) or the authors' released code
+    (``released_code``: an unvisited child scores ``+inf``); see :func:`uct_scores`."""
     alpha: float = Field(default=0.95, gt=0, le=1)
     max_rounds: int = Field(default=7, ge=3)
     """Algorithm 1's round limit ``N``."""
     value: Literal["rollout", "judge"] = "rollout"
     """rollout: SPRE simulations (eq. 1); judge: the LLM correctness judgment of eq. 6."""
+    judge_prompt: Literal["process_evaluation", "answer_matching"] = "process_evaluation"
+    """Eq. 6 with ``value="judge"``: ``process_evaluation`` (the paper) — the explorer policy scores the partial
+    process in [0, 1] with Figure 14's prompt; ``answer_matching`` — the configured judge's binary answer check
+    (the multi-stage YES/NO prompt) on the partial process (prorag's earlier behaviour)."""
+    eval_max_new_tokens: PositiveInt = 256
+    """Tokens of a Figure 14 reply ("Respond briefly and conclude with: So the score is [Score]")."""
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_new_tokens: PositiveInt = 128
@@ -188,7 +211,7 @@ class QuestionTree:
         """The completion so far (what the policy continues)."""
         return "".join(item.lead + item.text + item.insertion for item in self.path(node))
 
-    def select(self, c_uct: float) -> Node | None:
+    def select(self, c_uct: float, uct: UCTVariant = "paper") -> Node | None:
         """Eq. 5 from the root down to a node that is not expanded (or Terminal); None if the tree is dead."""
         node = self.root
         while not node.dead:
@@ -198,7 +221,7 @@ class QuestionTree:
             if not live:
                 self.kill(node)
                 break
-            scores = uct_scores([child.Q for child in live], [child.N for child in live], c_uct)
+            scores = uct_scores([child.Q for child in live], [child.N for child in live], c_uct, variant=uct)
             node = live[max(range(len(live)), key=scores.__getitem__)]  # first maximum: deterministic
         return None
 
@@ -258,8 +281,8 @@ class MCTSSearch:
 
     def __init__(self, generator: Generator, retriever: Retriever, config: MCTSConfig, *,
                  judge: Judge | None = None, progress: bool = True) -> None:
-        if config.value == "judge" and judge is None:
-            raise ValueError("MCTSConfig.value='judge' needs a judge")
+        if config.value == "judge" and config.judge_prompt == "answer_matching" and judge is None:
+            raise ValueError("MCTSConfig.value='judge' with judge_prompt='answer_matching' needs a judge")
         self.generator = generator
         self.retriever = retriever
         self.config = config
@@ -281,7 +304,8 @@ class MCTSSearch:
         self._prefixes = prefixes
         for _ in tqdm(range(self.config.iterations), desc="mcts", unit="iteration", leave=False,
                       disable=not self.progress):
-            picks = [(tree, node) for tree in trees if (node := tree.select(self.config.c_uct)) is not None]
+            picks = [(tree, node) for tree in trees
+                     if (node := tree.select(self.config.c_uct, self.config.uct)) is not None]
             if not picks:
                 break
             for tree, node in picks:
@@ -408,6 +432,15 @@ class MCTSSearch:
                 open_positions.append(position)
         if not open_positions:
             return values
+        if self.config.value == "judge" and self.config.judge_prompt == "process_evaluation":
+            scores = self._process_scores([children[position] for position in open_positions])
+            for position, score in zip(open_positions, scores, strict=True):
+                if score is None:
+                    children[position][0].unknown_verdicts += 1
+                    self.stats["unknown_verdicts"] += 1
+                else:
+                    values[position] = score
+            return values
         if self.config.value == "judge":
             assert self.judge is not None
             items = [(tree.item.text, list(tree.item.golden_answers), _process_text(tree, child))
@@ -438,6 +471,17 @@ class MCTSSearch:
                 self.stats["pruned_no_answer"] += 1
                 tree.kill(child)
         return values
+
+    def _process_scores(self, nodes: list[tuple[QuestionTree, Node]]) -> list[float | None]:
+        """Eq. 6 with Figure 14: the explorer policy grades each partial process (one batched greedy call)."""
+        prompts = [self.generator.apply_chat_template(reasonrag.process_evaluation_messages(
+            tree.item.text, list(tree.item.golden_answers), _process_text(tree, node))) for tree, node in nodes]
+        params = SamplingParams(max_new_tokens=self.config.eval_max_new_tokens, temperature=0.0, n=1,
+                                seed=self._seed())
+        results = self.generator.generate(prompts, params)
+        if len(results) != len(prompts):
+            raise RuntimeError(f"the generator returned {len(results)} results for {len(prompts)} prompts")
+        return [reasonrag.parse_process_score(samples[0].text if samples else None) for samples in results]
 
     def _simulate(self, simulations: list[_Simulation]) -> None:
         """Continue every simulation, one round per turn for all of them together, to an answer (or failure)."""

@@ -69,6 +69,8 @@ class IPDPOParams(StrictModel):
     similarity: str = "embedder:bundled:all-minilm-l6-v2"
     """``reranker:<model>`` (the paper's: a cross-encoder logit through a sigmoid) or ``embedder:<spec>``
     (the CPU deviation: clipped cosine of the bundled embedder)."""
+    normalization: Literal["steps_and_evidence", "steps"] = "steps_and_evidence"
+    """Eq. 12's normalizer (:mod:`prorag.rewards.tearag`): ``max(T, m)`` or, the literal reading, ``T``."""
     weight_consistency: float = Field(default=0.25, ge=0)
     weight_subquery: float = Field(default=0.25, ge=0)
     weight_context: float = Field(default=0.25, ge=0)

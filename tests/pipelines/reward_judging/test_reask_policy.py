@@ -55,7 +55,7 @@ def _rollout(method: str, dataset: str, key: str) -> Rollout:
 def _reask(policy: PolicySpec) -> str:
     generator = build_policy(policy.model_copy(update={"batch_size": 1}))
     params = SamplingParams(max_new_tokens=HiPRAGSettings().reask_max_new_tokens, temperature=0.0)
-    return generate_chat(generator, [reask_messages(QUERY)], params)[0][0].text.strip()
+    return generate_chat(generator, [reask_messages(QUERY, "instructed")], params)[0][0].text.strip()
 
 
 def test_trajectories_are_reasked_to_the_policy_that_produced_them(adapter_dir, index):
@@ -63,7 +63,8 @@ def test_trajectories_are_reasked_to_the_policy_that_produced_them(adapter_dir, 
     records = [rollout.to_dict() for rollout in
                record_policy([_rollout("hiprag_agent", "hotpotqa", "q1")], BASE)
                + record_policy([_rollout("hiprag_agent_sft", "hotpotqa", "q1")], sft_policy)]
-    verdicts, table, _ = judge_trajectories(records, index, RewardJudgingParams(), HiPRAGSettings(), BASE)
+    settings = HiPRAGSettings(reask="instructed")  # greedy re-asks, so _reask reproduces them
+    verdicts, table, _ = judge_trajectories(records, index, RewardJudgingParams(), settings, BASE)
 
     by_method = {record["method"]: record for record in verdicts}
     base_answer, sft_answer = _reask(BASE), _reask(sft_policy)

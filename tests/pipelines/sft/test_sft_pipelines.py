@@ -41,11 +41,18 @@ def test_synthesis_excludes_the_compare_questions(questions, index):
     """The compare pipeline answers the first dev questions of every source; SFT never trains on them."""
     compare = COMPARE.model_copy(update={"questions": COMPARE.questions.model_copy(update={"max_per_source": 2})})
     evaluated = select_evaluated_questions([], select_compare_questions(questions, compare))
-    records, _ = synthesize_sft_data(questions, evaluated, index, SftSynthesisParams(), AGENT)
+    relabelled = [{**q, "split": "train (relabelled: SFT synthesis refuses dev questions)"} for q in questions]
+    records, _ = synthesize_sft_data(relabelled, evaluated, index,
+                                     SftSynthesisParams(sources=["musique_train", "hotpotqa"]), AGENT)
     hotpotqa = [f"hotpotqa/{q['id']}" for q in questions if q["source"] == "hotpotqa"]
     synthesized = {record["question_key"] for record in records}
     assert not set(hotpotqa[:2]) & synthesized
     assert set(hotpotqa[2:]) <= synthesized
+
+
+def test_synthesis_refuses_dev_and_test_questions(questions, index):
+    with pytest.raises(ValueError, match="not of a train split"):
+        synthesize_sft_data(questions, [], index, SftSynthesisParams(sources=["musique_train", "hotpotqa"]), AGENT)
 
 
 def test_synthesis_rejects_unknown_sources(questions, index):

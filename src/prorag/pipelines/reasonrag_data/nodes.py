@@ -54,7 +54,7 @@ def run_reasonrag_mcts(question_records: list[dict[str, Any]], index: RetrievalI
     explorer = params.policy or policy
     retriever = build_retriever(params.retriever, index)
     judge = None
-    if params.mcts.value == "judge":
+    if params.mcts.value == "judge" and params.mcts.judge_prompt == "answer_matching":
         spec = params.judge
         judge = build_judge(spec.kind, retriever=index.retriever("bm25"), base_url=spec.base_url, model=spec.model,
                             api_key_env=spec.api_key_env, cache_path=spec.cache_path,

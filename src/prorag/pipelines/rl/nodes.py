@@ -21,7 +21,10 @@ def select_rl_questions(question_records: list[dict[str, Any]], evaluation_recor
                         params: RLParams) -> list[dict[str, Any]]:
     """The training questions; the evaluated questions (``evaluated_questions``: rollout and compare questions; by
     key and by text) are never among them."""
-    selected = select_questions(map(Question.from_dict, question_records), params.questions.sources,
+    pool = [Question.from_dict(record) for record in question_records]
+    if params.questions.min_metadata:
+        pool = [question for question in pool if _meets(question, params.questions.min_metadata)]
+    selected = select_questions(pool, params.questions.sources,
                                 max_per_source=params.questions.max_per_source,
                                 exclude=[Question.from_dict(record) for record in evaluation_records],
                                 setting="rl.questions.sources")
@@ -29,6 +32,13 @@ def select_rl_questions(question_records: list[dict[str, Any]], evaluation_recor
         raise ValueError("rl.questions selects no question")
     warn_non_train_splits(selected, "rl.questions.sources")
     return [question.to_dict() for question in selected]
+
+
+def _meets(question: Question, minimum: dict[str, float]) -> bool:
+    """Every ``metadata[key]`` of ``minimum`` is a number at least its value (``rl.questions.min_metadata``)."""
+    values = [question.metadata.get(key) for key in minimum]
+    return all(isinstance(value, int | float) and not isinstance(value, bool) and value >= bound
+               for value, bound in zip(values, minimum.values(), strict=True))
 
 
 def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_adapter: str, params: RLParams,

@@ -21,6 +21,9 @@ class RLQuestions(StrictModel):
 
     sources: list[str] = Field(default=["musique_train", "hotpotqa"], min_length=1)
     max_per_source: PositiveInt | None = None
+    min_metadata: dict[str, float] = Field(default_factory=dict)
+    """Keep only questions whose ``metadata[key]`` is a number ``>= value`` for every entry (a question without
+    the field is left out), before ``max_per_source``: ``{s_pop: 10000}`` picks PopQA's popular subjects."""
 
 
 class RLPolicyServer(StrictModel):

@@ -11,7 +11,7 @@ from prorag.specs import PositiveInt, RetrieverSpec, Seed
 class SftSynthesisParams(StrictModel):
     """Which indexed questions become gold trajectories, and how their contexts are retrieved."""
 
-    sources: list[str] = Field(default=["musique_train", "hotpotqa"], min_length=1)
+    sources: list[str] = Field(default=["musique_train"], min_length=1)
     max_per_source: PositiveInt | None = None
     single_search: bool = True
     """Questions of datasets with no decomposition synthesizer get a one-search trajectory grounded in the retrieved

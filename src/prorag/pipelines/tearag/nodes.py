@@ -8,7 +8,7 @@ from typing import Any
 
 from prorag.agent import build_runner, record_policy
 from prorag.assembly import build_policy
-from prorag.data import Question, select_questions
+from prorag.data import Question, require_train_split, select_questions
 from prorag.kg.extraction import ExtractionSettings, extract_triplets
 from prorag.kg.graph import KnowledgeGraph
 from prorag.kg.kag import attach_knowledge_graph
@@ -51,6 +51,7 @@ def select_sft_data_questions(question_records: list[dict[str, Any]], eval_recor
     questions = questions[: selection.max_questions] if selection.max_questions else questions
     if not questions:
         raise ValueError(f"tearag.sft_data.sources {selection.sources} select no indexed training question")
+    require_train_split(questions, "tearag.sft_data.sources")
     return questions
 
 
@@ -135,7 +136,7 @@ def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list
         rules=PairRules(min_outcome=cfg.min_outcome, min_process=cfg.min_process, easy_max_f1=cfg.easy_max_f1))
     reward = KnowledgeMatchingReward(KnowledgeMatchingSettings(
         similarity=cfg.similarity, weight_consistency=cfg.weight_consistency, weight_subquery=cfg.weight_subquery,
-        weight_context=cfg.weight_context, weight_summary=cfg.weight_summary))
+        weight_context=cfg.weight_context, weight_summary=cfg.weight_summary, normalization=cfg.normalization))
     results = run_ip_dpo(policy.model, sft_adapter, questions, _kag_retriever(index, graph, kg, params),
                          params.agent, cfg.sampling, reward, settings, cfg.trainer,
                          Path(tempfile.mkdtemp(prefix="prorag-ip-dpo-")), policy_batch_size=policy.batch_size,
