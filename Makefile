@@ -11,7 +11,7 @@ STAMP := $(VENV)/.prorag-installed
 
 export KEDRO_DISABLE_TELEMETRY := 1
 export PRORAG_CACHE_DIR ?= $(CURDIR)/.cache/prorag
-# Offline by default: nothing is fetched from a model hub unless you opt in (see README, "Your own models").
+# Offline by default: nothing is fetched from a model hub unless you opt in (see docs/data.md, "Models, servers and keys").
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
