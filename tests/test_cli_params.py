@@ -1,6 +1,7 @@
 """Several question files from the command line (issue 11, item 8): Kedro 1.7's ``--params`` splits on every
 comma, so a list of several files goes through ``kedro run --config <file>`` or a conf env (docs/data.md,
-"Questions and corpus"). Checked through Kedro's own CLI command and config loader; the session is replaced by a recorder."""
+"Questions and corpus"). Checked through Kedro's own CLI command and config loader; the session is replaced by a
+recorder."""
 
 from __future__ import annotations
 
