@@ -11,14 +11,14 @@ STAMP := $(VENV)/.prorag-installed
 
 export KEDRO_DISABLE_TELEMETRY := 1
 export PRORAG_CACHE_DIR ?= $(CURDIR)/.cache/prorag
-# Offline by default: nothing is fetched from a model hub unless you opt in (see README, "Your own models").
+# Offline by default: nothing is fetched from a model hub unless you opt in (see docs/data.md, "Models, servers and keys").
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: help setup models train test lint viz mlflow-ui clean
 
 help:
-	@echo "make train       set up, then run the end-to-end pipeline: kedro run --pipeline=train"
+	@echo "make train       set up, then run the end-to-end pipeline: kedro run --pipelines=train"
 	@echo "make test        set up, then ruff and the test suite"
 	@echo "make setup       virtualenv and pinned install only; make models: also prepare the bundled models"
 	@echo "make lint        ruff only"
@@ -39,7 +39,7 @@ models: setup
 	$(BIN)/prorag models prepare
 
 train: models
-	$(BIN)/kedro run --pipeline=train
+	$(BIN)/kedro run --pipelines=train
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks experiments

@@ -1,7 +1,7 @@
 """TeaRAG retrieval benchmark: context tokens per retrieval vs answer and supporting-passage recall, side by side.
 
 Retrievers, all over the same index and knowledge graph (the latest versions written by ``kedro run
---pipeline=index`` and ``--pipeline=kg_extraction``, or the folders given):
+--pipelines=index`` and ``--pipelines=kg_extraction``, or the folders given):
 
 * ``dense@k`` — the dense chunk top-k (the paper's Single-S / Search-R1 context);
 * ``kag_concat@10`` — TeaRAG-Con: top-5 chunks + top-5 triplets concatenated (§5.4.1; 10 units);

@@ -1,6 +1,6 @@
 """HiPRAG's process reward (λp = 0.4) vs the Search-R1 outcome + format baseline (λp = 0), same seeds and budget.
 
-Each arm × seed is one ``kedro run --pipeline=train_rl`` (GRPO from the latest SFT adapter, then the RL policy
+Each arm × seed is one ``kedro run --pipelines=train_rl`` (GRPO from the latest SFT adapter, then the RL policy
 rolled out greedily on the evaluation questions and judged), tracked in MLflow as usual. An arm overrides the
 shared ``reward`` block, which RL trains with *and* reward judging evaluates with. Every run sets
 ``rl.judge_for_metrics``, so the Search-R1 arm detects over-/under-search too and logs ``agent/bonus_fired`` (MLflow
@@ -16,7 +16,7 @@ rollouts whose bonus fired, the paired HiPRAG − Search-R1 Δ with its interval
 significant difference would need, wall time per run — printed, and written to ``data/08_reporting/<name>.csv``
 (``_tests.csv``), ``.md`` and ``_curves.png`` (reward and bonus_fired per step, one line per arm × seed).
 
-Run ``kedro run --pipeline=train_sft`` (or ``train``; ``--env cpu_long`` for the longer SFT) first, so an SFT
+Run ``kedro run --pipelines=train_sft`` (or ``train``; ``--env cpu_long`` for the longer SFT) first, so an SFT
 adapter and an index exist. A quick smoke run::
 
     python experiments/rl_reward_comparison.py --steps 3 --batch 8 --micro-batch 4 --questions-per-source 4
@@ -43,7 +43,7 @@ Preset ``--preset cpu_2h`` (issue 18, item 4: ≤ 2 h per arm on this 2-core CPU
   cannot tell the rewards apart, however often the bonus fires.
 * The goal to verify, not a measured figure: the bonus fires in ≥ 10% of training rollouts (the report says whether
   it did). If it does not, the SFT policy is too weak on these questions: train SFT longer first (``kedro run --env
-  cpu_long --pipeline=train_sft``), or raise ``--generations`` so that a group holds a correct rollout more often.
+  cpu_long --pipelines=train_sft``), or raise ``--generations`` so that a group holds a correct rollout more often.
 """
 
 from __future__ import annotations

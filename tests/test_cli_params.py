@@ -1,6 +1,7 @@
 """Several question files from the command line (issue 11, item 8): Kedro 1.7's ``--params`` splits on every
-comma, so a list of several files goes through ``kedro run --config <file>`` or a conf env (README, "Your own
-data"). Checked through Kedro's own CLI command and config loader; the session is replaced by a recorder."""
+comma, so a list of several files goes through ``kedro run --config <file>`` or a conf env (docs/data.md,
+"Questions and corpus"). Checked through Kedro's own CLI command and config loader; the session is replaced by a
+recorder."""
 
 from __future__ import annotations
 
@@ -80,8 +81,8 @@ def test_a_conf_env_carries_a_list_of_several_files(project_copy):
     assert merged["question_files"] == TWO_FILES and len(merged["corpus_files"]) == 5
 
 
-def test_the_readme_s_run_config_example_works(recorded, project_root, tmp_path):
-    readme = (project_root / "README.md").read_text(encoding="utf-8")
+def test_the_documented_run_config_example_works(recorded, project_root, tmp_path):
+    readme = (project_root / "docs" / "data.md").read_text(encoding="utf-8")
     (example,) = [block for block in re.findall(r"```yaml\n(.*?)```", readme, flags=re.DOTALL) if "run:" in block]
     config = tmp_path / "my_run.yml"
     config.write_text(example, encoding="utf-8")

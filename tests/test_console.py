@@ -23,7 +23,7 @@ def test_top_level_help_lists_the_commands_and_points_to_kedro(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    assert "--version" in out and "models" in out and "serve" in out and "kedro run --pipeline=train" in out
+    assert "--version" in out and "models" in out and "serve" in out and "kedro run --pipelines=train" in out
 
 
 @pytest.mark.parametrize("parser", [serving_parser, retrieval_parser], ids=["prorag serve", "retrieval server"])

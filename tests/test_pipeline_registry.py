@@ -4,6 +4,7 @@ stage, kind and method tags, and README commands that name registered pipelines,
 from __future__ import annotations
 
 import re
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -121,24 +122,175 @@ def test_method_tags_select_the_method_s_own_stages(pipelines):
         "reasonrag_data", "dpo"}
 
 
+DOCS_OWNED_ELSEWHERE = ("methods.md", "scaling.md", "serving.md")
+"""Docs other engineers maintain: their pipelines and make targets are checked, their file paths are reported."""
+
+
 def _documents(root: Path) -> dict[str, str]:
-    paths = [root / "README.md", root / "Makefile", *sorted((root / "experiments").glob("*.py")),
-             *sorted((root / "experiments").glob("*.yml"))]
-    return {path.name: path.read_text(encoding="utf-8") for path in paths}
+    paths = [root / "README.md", root / "Makefile", *sorted((root / "docs").glob("*.md")), root / "conf" / "README.md",
+             *sorted((root / "experiments").glob("*.py")), *sorted((root / "experiments").glob("*.yml"))]
+    return {str(path.relative_to(root)): path.read_text(encoding="utf-8") for path in paths}
 
 
-def test_every_pipeline_the_readme_and_experiments_name_is_registered(pipelines, project_root):
+def _markdown(root: Path) -> dict[str, str]:
+    return {name: text for name, text in _documents(root).items() if name.endswith(".md")}
+
+
+def test_every_pipeline_the_readme_docs_and_experiments_name_is_registered(pipelines, project_root):
     named: dict[str, set[str]] = {}
     for document, text in _documents(project_root).items():
-        found = set(re.findall(r"--pipeline[= ]([A-Za-z_]\w*)", text))
+        text = re.sub(r"^```text\n.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)  # shown output, typos on purpose
+        found = set(re.findall(r"--pipelines?[= ]([A-Za-z_]\w*)", text))
         found |= set(re.findall(r"pipeline_names=\[\"(\w+)\"", text))
         found |= set(re.findall(r"^\s*pipelines: (\w+)", text, flags=re.MULTILINE))
-        if document == "README.md":  # the first column of the pipeline table
-            found |= set(re.findall(r"^\| `(\w+)` \|", text, flags=re.MULTILINE))
+        if document.endswith(".md"):  # the first column of a pipeline table
+            found |= {name for cell in re.findall(r"^\| (`\w+`(?:, `\w+`)*) \|", text, flags=re.MULTILINE)
+                      for name in re.findall(r"`(\w+)`", cell)} & _pipeline_table_names(text)
         named[document] = found
-    assert len(named["README.md"]) >= 10
+    assert len(named["README.md"]) >= 12
     unknown = {document: sorted(found - set(pipelines)) for document, found in named.items() if found - set(pipelines)}
     assert not unknown
+
+
+def _pipeline_table_names(text: str) -> set[str]:
+    """First-column names of the tables whose header starts with ``| pipeline |``."""
+    names: set[str] = set()
+    for table in re.findall(r"^\| pipeline \|.*?(?=^[^|]|\Z)", text, flags=re.MULTILINE | re.DOTALL):
+        for cell in re.findall(r"^\| ([^|]+) \|", table, flags=re.MULTILINE):
+            names |= set(re.findall(r"`(\w+)`", cell))
+    return names
+
+
+def test_the_readme_lists_every_training_pipeline(pipelines, project_root):
+    readme = (project_root / "README.md").read_text(encoding="utf-8")
+    training = {name for name in pipelines if name.startswith("train")}
+    assert training <= _pipeline_table_names(readme)
+    assert _pipeline_table_names(readme) <= set(pipelines)
+
+
+def test_no_document_uses_the_deprecated_pipeline_option(project_root):
+    """Kedro 1.7 deprecates ``--pipeline``; everything the project owns says ``--pipelines``."""
+    owned = {name: text for name, text in _documents(project_root).items()
+             if not name.endswith(DOCS_OWNED_ELSEWHERE)}
+    sources = [*(project_root / "src").rglob("*.py"), *(project_root / "conf").rglob("*.yml"),
+               *(project_root / "notebooks").glob("*.ipynb"), *(project_root / "benchmarks").glob("*.py")]
+    owned |= {str(path.relative_to(project_root)): path.read_text(encoding="utf-8") for path in sources
+              if "compare" not in path.name and "compare" not in path.parent.name and path.name != "catalog.yml"}
+    assert {name for name, text in owned.items() if re.search(r"--pipeline[= ]", text)} == set()
+
+
+def test_make_targets_the_docs_name_exist(project_root):
+    makefile = (project_root / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([\w-]+):", makefile, flags=re.MULTILINE))
+    named = {target for text in _markdown(project_root).values()
+             for target in re.findall(r"(?<![\w/.])make ([a-z][\w-]*)", text)}
+    assert {"train", "test", "mlflow-ui", "viz"} <= named
+    assert named - targets == set()
+
+
+PATH_ROOTS = ("conf/", "src/", "tests/", "docs/", "data/", "benchmarks/", "experiments/", "notebooks/", "requirements/")
+
+
+def _named_paths(text: str) -> set[str]:
+    """Repository paths a document names in code spans: ``conf/base/x.yml``, ``src/prorag/...``; a placeholder
+    (``<version>``, ``…``, ``*``, ``{a,b}``) ends the checked part of the path, which is then a prefix."""
+    found = set()
+    for span in re.findall(r"`([^`\n]+)`", text):
+        for token in span.split():
+            token = token.strip("()[],;:'\"")
+            if token.startswith(PATH_ROOTS):
+                found.add(re.split(r"[<…*{]", token)[0])
+    return found
+
+
+GENERATED = ("data/runs", "data/02_intermediate", "data/03_primary", "data/04_feature", "data/05_model_input",
+             "data/06_models", "data/07_model_output", "data/08_reporting")
+"""Folders runs write into: a file named there need not exist yet (the catalog layers are checked elsewhere)."""
+
+
+def _exists(root: Path, path: str) -> bool:
+    if path.startswith(GENERATED):
+        return True
+    if (root / path).exists() or (path and any(root.glob(path + "*"))):
+        return True  # a path, or the prefix before a placeholder (conf/base/parameters_<pipeline>.yml)
+    ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=root, check=False)
+    return ignored.returncode == 0  # a file the user creates and git ignores (conf/local/credentials.yml)
+
+
+def test_every_repository_path_the_readme_and_docs_name_exists(project_root):
+    missing = {document: sorted(path for path in _named_paths(text) if not _exists(project_root, path))
+               for document, text in _markdown(project_root).items() if not document.endswith(DOCS_OWNED_ELSEWHERE)}
+    assert not {document: paths for document, paths in missing.items() if paths}
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def test_every_link_between_documents_resolves(project_root):
+    broken = []
+    for document, text in _markdown(project_root).items():
+        base = (project_root / document).parent
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"https?://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (base / path) if path else project_root / document
+            if not file.exists():
+                broken.append(f"{document}: {target}")
+            elif anchor and anchor not in {_slug(line.lstrip("#")) for line in
+                                           file.read_text(encoding="utf-8").splitlines() if line.startswith("#")}:
+                broken.append(f"{document}: {target} (no such heading)")
+    assert not broken
+
+
+README_LIMIT = 15_000
+
+
+def test_the_readme_fits_the_job(project_root):
+    readme = (project_root / "README.md").read_text(encoding="utf-8")
+    assert len(readme.encode("utf-8")) <= README_LIMIT
+    assert "2601.21912" in readme  # not the ProRAG paper's code
+    for heading in ("## The two commands", "## What the first run shows", "## Methods side by side"):
+        assert heading in readme
+
+
+_NUMBER = re.compile(r"(?<![\w.\-/@])[−+-]?\d+(?:[.,]\d+)*(?:\s?%|x\b)?(?![\w/])")
+_NOT_A_MEASUREMENT = re.compile(
+    r"`[^`]*`"                      # commands, keys, paths, file names
+    r"|\]\([^)]*\)"                # link targets
+    r"|arXiv \d+\.\d+"              # the ProRAG paper's id
+    r"|Python \d+\.\d+\+?"           # requirements
+    r"|\beq\. \d+|λp = 0|http://\S+"  # equation numbers, the Search-R1 setting, local URLs
+)
+
+
+def _blocks(text: str) -> list[str]:
+    """Paragraphs and tables (fenced code removed); a ``source:`` line right after a table belongs to it."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+    return [block for block in re.split(r"\n\s*\n", text) if block.strip()]
+
+
+def test_every_number_in_the_readme_has_a_source(project_root):
+    """The convention: a table or paragraph that states a measured number carries a ``source:`` line naming the
+    command that produced it (a registered pipeline's ``kedro run``, a script under benchmarks/ or experiments/)."""
+    readme = (project_root / "README.md").read_text(encoding="utf-8")
+    blocks = _blocks(readme)
+    unsourced = []
+    for index, block in enumerate(blocks):
+        if block.lstrip().startswith(("#", "source:")):
+            continue
+        numbers = _NUMBER.findall(_NOT_A_MEASUREMENT.sub(" ", block))
+        following = blocks[index + 1] if index + 1 < len(blocks) else ""
+        source = next((line for line in (block + "\n" + following).splitlines() if line.startswith("source:")), None)
+        if numbers and source is None:
+            unsourced.append((numbers, block[:120]))
+        if source is not None:
+            assert re.search(r"`(kedro run --pipelines=\w+|\.venv/bin/python (benchmarks|experiments)/\w+\.py)", source)
+    assert not unsourced
+    assert sum(line.startswith("source:") for line in readme.splitlines()) >= 1
 
 
 def test_readme_node_namespace_and_tag_options_resolve(pipelines, project_root):

@@ -6,6 +6,7 @@ object in one place (the library packages below never assemble each other's obje
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +26,14 @@ if TYPE_CHECKING:
 
 
 def build_policy(policy: PolicySpec) -> Generator:
-    """The policy's generator (in-process transformers with the adapter merged, or an OpenAI-compatible server)."""
-    return build_generator(policy.model, backend=policy.backend, adapter=policy.adapter, dtype=policy.dtype,
-                           batch_size=policy.batch_size, base_url=policy.base_url, api_key_env=policy.api_key_env)
+    """The policy's generator (in-process transformers with the adapter merged, or an OpenAI-compatible server),
+    labelled with :attr:`PolicySpec.label` for progress bars (:func:`prorag.llm.generation.policy_label`)."""
+    generator = build_generator(policy.model, backend=policy.backend, adapter=policy.adapter, dtype=policy.dtype,
+                                batch_size=policy.batch_size, base_url=policy.base_url,
+                                api_key_env=policy.api_key_env)
+    with contextlib.suppress(AttributeError):  # a generator with __slots__ keeps its class name as the label
+        generator.label = policy.label  # type: ignore[attr-defined]
+    return generator
 
 
 def build_retriever(spec: RetrieverSpec, index: RetrievalIndex) -> Retriever:

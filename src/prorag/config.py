@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from prorag.errors import UserError
+
 Dtype = Literal["float32", "bfloat16", "float16"]
 PositiveInt = Annotated[int, Field(ge=1)]
 Seed = Annotated[int, Field(ge=0)]
@@ -32,7 +34,7 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-class ParameterError(ValueError):
+class ParameterError(UserError, ValueError):
     """Parameters do not match their schema; the message lists every offending dotted key."""
 
 
@@ -87,8 +89,10 @@ def validate_parameters(parameters: Mapping[str, Any],
             parsed[namespace] = parse_parameters(schema, values, namespace)
         except ParameterError as error:
             problems.append(str(error))
+    if len(problems) == 1:
+        raise ParameterError(f"invalid parameters: {problems[0]}")
     if problems:
-        raise ParameterError("invalid parameters:\n  " + "\n  ".join(problems))
+        raise ParameterError(f"{len(problems)} invalid parameters:\n  " + "\n  ".join(problems))
     return parsed
 
 

@@ -11,7 +11,7 @@ from prorag.llm.registry import BUNDLED_MODELS, prepare_bundled
 
 DESCRIPTION = """bundled offline models and an OpenAI-compatible model server.
 
-Pipelines run with Kedro (`kedro run --pipeline=train`, `kedro registry list`); this command covers what is
+Pipelines run with Kedro (`kedro run --pipelines=train`, `kedro registry list`); this command covers what is
 not a pipeline."""
 
 

@@ -281,6 +281,7 @@ class MlflowTrackingHook:
         self._parameters = parameters
         project_path = Path(run_params.get("project_path") or Path.cwd())
         self._tracking_uri = default_tracking_uri(project_path)
+        self._project_path = project_path
         mlflow.set_tracking_uri(self._tracking_uri)
         experiment = mlflow.set_experiment(self._settings.experiment_name)
         self._experiment_id = experiment.experiment_id
@@ -428,7 +429,8 @@ class MlflowTrackingHook:
             self._client.set_terminated(self._parent_id, status=status)
         logger.info("MLflow run %s %s (%d stage and %d method runs); open it with: %s", self._parent_id,
                     status.lower(), len(self._stage_runs), len(self._method_runs),
-                    ui_hint(self._tracking_uri, self._experiment_id, self._parent_id))
+                    ui_hint(self._tracking_uri, self._experiment_id, self._parent_id,
+                            project_path=getattr(self, "_project_path", None)))
 
     def _safely(self, what: str, function: Callable[..., Any], *args: Any) -> None:
         """Tracking extras (traces, models, inputs) never fail a pipeline: an error is a warning."""
@@ -505,9 +507,13 @@ class MlflowTrackingHook:
                     tags={POLICY_TAG: rollout_policy(record, self._adapter_names)[0]})
 
     def _log_verdicts(self, verdicts: list[dict[str, Any]], rollouts: list[dict[str, Any]], rewards: Any) -> None:
-        """The judge's step verdicts and rewards as feedback on the traced rollouts they judge."""
+        """The judge's step verdicts and rewards as feedback on the traced rollouts they judge, labelled with the
+        judges' kind (``llm`` when either detection judge is an LLM judge, else ``reference``)."""
         if not self._traces:
             return
+        kinds = {str(_parameter(self._parameters, f"reward.{name}.kind") or "reference")
+                 for name in ("over_search_judge", "under_search_judge")}
+        judges = "llm" if "llm" in kinds else "reference"
         by_question: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for record in rollouts:
             by_question.setdefault((str(record["method"]), str(record["question_key"])), []).append(record)
@@ -526,7 +532,7 @@ class MlflowTrackingHook:
             key = rollout_key(record) if record is not None else (*question, occurrence)
             if key in self._traces:
                 log_verdicts(self._traces[key], verdict, record.get("steps") if record else None,
-                             reward_of.get(key))
+                             reward_of.get(key), judge_kind=judges)
 
     def _log_adapter(self, dataset_name: str, path: Path, run_id: str) -> None:
         """Log (and register) the PEFT adapter at ``path`` as an MLflow model in ``run_id``."""

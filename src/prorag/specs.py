@@ -51,6 +51,17 @@ class PolicySpec(StrictModel):
     dtype: Dtype = "float32"
     batch_size: PositiveInt = 8
 
+    @property
+    def label(self) -> str:
+        """A short name for progress bars and logs: the model (``smollm2-135m-instruct``) and, when there is one,
+        the adapter as ``<dataset>@<version>`` (``+sft_adapter@2026-…``)."""
+        model = Path(self.model.removeprefix("bundled:")).name or self.model
+        if not self.adapter:
+            return model
+        adapter = Path(self.adapter)
+        versioned = adapter.parent.parent.name == adapter.name  # data/06_models/<name>/<version>/<name>
+        return f"{model}+{adapter.name}@{adapter.parent.name}" if versioned else f"{model}+{adapter.name}"
+
     def with_trained(self, folder: str) -> PolicySpec:
         """This policy after training: ``folder`` is a PEFT adapter (merged into ``model``) or, from full-parameter
         training, a model folder that replaces ``model``."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 
 import pytest
+from tqdm.auto import tqdm
 
 from prorag.agent import (
     EMPTY_QUERY_NOTE,
@@ -373,3 +375,16 @@ def test_smollm2_rollout_on_real_hotpotqa_questions(one_torch_thread, keyword_re
         assert 0 < rollout.generated_tokens <= 24
         assert rollout.completion.startswith(hiprag.initial_prefix())
         check_accounting(rollout)
+
+
+def test_progress_bar_counts_finished_rollouts_and_names_method_and_policy(scripted, keyword_retriever, capsys,
+                                                                          monkeypatch):
+    """Issue 34: the rollout bar counted turns (no total, no ETA) and did not name the policy."""
+    generator = scripted({Q1: plain_step("Levertov.", first=True) + final("Denise Levertov"),
+                          Q2: search_step("Centaurium", "A plant genus.", first=True) + final("yes")})
+    monkeypatch.setattr("prorag.agent.engine.tqdm", functools.partial(tqdm, mininterval=0))  # draw every update
+    generator.label = "smollm2-135m-instruct+rl_adapter@v2"
+    RolloutEngine(generator, keyword_retriever(), "hiprag", method="hiprag_agent_rl").run([Q1, Q2])
+    bar = capsys.readouterr().err
+    assert "rollout hiprag_agent_rl [smollm2-135m-instruct+rl_adapter@v2]" in bar
+    assert "/2 [" in bar and ("rollout/s" in bar or "s/rollout" in bar)

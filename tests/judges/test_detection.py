@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from tqdm.auto import tqdm
 
 from prorag.agent.trajectory import Rollout
 from prorag.data.records import Passage
@@ -231,3 +233,22 @@ def test_split_context():
         "Doc 1(Title: Steven Spielberg) Steven Allan Spielberg was born in Cincinnati, Ohio.",
         "Doc 2(Title: Jaws (film)) Jaws is a 1975 film."]
     assert split_context("free text\nover lines") == ["free text\nover lines"]
+
+
+def test_progress_bar_counts_judged_steps_and_names_methods_policy_and_judge(reference_judge, capsys, monkeypatch):
+    """Issue 34: judging had no progress bar. The bar counts judged steps (rate, ETA), names what it judges, and
+    chunking the judge calls for it leaves every verdict as one call gives."""
+    policy = ReaskPolicy(ANSWERS)
+    policy.label = "smollm2-135m-instruct+sft_adapter@v1"
+    monkeypatch.setattr("prorag.judges.detection.tqdm", functools.partial(tqdm, mininterval=0))  # draw every update
+    many = ROLLOUTS * 10  # 60 steps: the judges are called in chunks
+    over, under = RecordingJudge(reference_judge), RecordingJudge(reference_judge)
+    over.kind = under.kind = "reference"
+    shown = detect(many, policy, over, under, reask_max_new_tokens=16, progress=True)
+    bar = capsys.readouterr().err
+    assert "judging hiprag [smollm2-135m-instruct+sft_adapter@v1; reference judge]" in bar
+    assert "/60 [" in bar and "step/s" in bar and "<" in bar  # tqdm: [elapsed<remaining, rate]
+    assert len(under.verify_calls) > 1
+    quiet = detect(many, policy, reference_judge, reference_judge, reask_max_new_tokens=16)
+    assert capsys.readouterr().err == ""
+    assert [result.to_dict() for result in shown] == [result.to_dict() for result in quiet]

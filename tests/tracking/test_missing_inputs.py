@@ -40,7 +40,7 @@ def test_aliases_are_named_once(shapes):
 
 def test_the_message_names_the_command_to_run():
     assert missing_input_line("sft_adapter", ["train_sft", "train"]) == (
-        "sft_adapter has no version yet: run `kedro run --pipeline=train_sft` (or train) first")
+        "sft_adapter has no version yet: run `kedro run --pipelines=train_sft` (or train) first")
     assert missing_input_line("x", []) == "x has no version yet, and no registered pipeline writes it"
 
 
@@ -50,6 +50,6 @@ def test_several_missing_inputs_are_reported_together(shapes):
         check_inputs_have_versions(["sft_adapter", "retrieval_index"], shapes, RAW.__contains__)
     assert str(error.value).splitlines() == [
         "2 inputs of this run have no version yet:",
-        "  retrieval_index has no version yet: run `kedro run --pipeline=index` "
+        "  retrieval_index has no version yet: run `kedro run --pipelines=index` "
         "(or train_multistage, train_rl_instruct) first",
-        "  sft_adapter has no version yet: run `kedro run --pipeline=train_sft` (or train) first"]
+        "  sft_adapter has no version yet: run `kedro run --pipelines=train_sft` (or train) first"]

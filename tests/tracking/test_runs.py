@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,10 @@ def test_a_dataset_input_carries_its_file_digest_rows_and_context(tmp_path: Path
 
 
 def test_how_to_open_a_run_hides_credentials():
-    assert ui_hint("sqlite:////p/mlflow.db", "3", "abc").startswith(
-        "mlflow ui --backend-store-uri sqlite:////p/mlflow.db")
-    assert ui_hint("https://me:pw@mlflow.example/", "3", "abc") == "https://***@mlflow.example/#/experiments/3/runs/abc"
+    # issue 34: the training view (MLflow 3 opens the GenAI one), and a command that exists (no bare `mlflow ui`)
+    assert ui_hint("sqlite:////p/mlflow.db", "3", "abc", project_path="/p") == (
+        "make mlflow-ui   (then http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning)")
+    other = ui_hint("sqlite:////q/other.db", "3", "abc", project_path="/p")
+    assert other.startswith(f"{Path(sys.executable).with_name('mlflow')} ui --backend-store-uri sqlite:////q/other.db")
+    assert ui_hint("https://me:pw@mlflow.example/", "3", "abc") == (
+        "https://***@mlflow.example/#/experiments/3/runs/abc?workflowType=machine_learning")

@@ -45,3 +45,21 @@ def test_a_standard_rag_rollout_retrieves_before_it_generates(tmp_path: Path, ml
     assert search.end_time_ns == generate.start_time_ns and generate.end_time_ns == 2_000_000_000
     assert root.attributes["prorag.timing"] == TIMING_NOTE
     assert [(item.name, item.value) for item in trace.info.assessments] == [("reward", 0.5)]
+
+
+def test_verdicts_are_labelled_with_the_judge_that_gave_them(tmp_path: Path, mlflow_uri: str):
+    """Issue 34: the deterministic reference judge's verdicts were labelled LLM_JUDGE."""
+    experiment = mlflow.get_experiment(mlflow.create_experiment("verdicts", (tmp_path / "mlruns").as_uri()))
+    run = mlflow.MlflowClient().create_run(experiment.experiment_id)
+    sources = {}
+    for kind in ("reference", "llm"):
+        record = _record("hiprag_agent", f"nq/{kind}", queries=["Who?"], retrieved_ids=[["d1"]],
+                         segments=[{"text": "Ann", "token_ids": [1], "kind": "generated"}])
+        ref = log_rollout_trace(record, experiment_id=experiment.experiment_id, run_id=run.info.run_id,
+                                start_ns=1_000_000_000, end_ns=2_000_000_000)
+        verdict = {"steps": [{"step_index": 0, "kind": "non_search", "checked": True, "under": False}]}
+        assert log_verdicts(ref, verdict, [{"kind": "non_search"}], judge_kind=kind) == 1
+        mlflow.flush_trace_async_logging()
+        trace = mlflow.get_trace(ref.trace_id)
+        sources[kind] = {(a.name, a.source.source_type) for a in trace.info.assessments}
+    assert sources == {"reference": {("under_search", "CODE")}, "llm": {("under_search", "LLM_JUDGE")}}

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from prorag.agent.trajectory import Rollout, Segment, SegmentKind, StopReason, stop_reason_counts
 from prorag.data.records import Question
-from prorag.llm.generation import Completion, Generator, SamplingParams
+from prorag.llm.generation import Completion, Generator, SamplingParams, policy_label
 from prorag.protocol.base import ProtocolAdapter, format_documents
 from prorag.protocol.escaping import escape_retrieved
 from prorag.protocol.registry import build_adapter
@@ -207,14 +207,16 @@ class RolloutEngine:
         items = as_question_items(questions)
         states = [self._start(item, sample) for item in items for sample in range(samples)]
         turn = 0
-        with tqdm(desc=f"rollout ({self.adapter.name})", unit="turn", disable=not self.progress or not states,
-                  leave=False) as bar:
+        # Finished rollouts out of all (rate and ETA), named by method and policy; the postfix is the turn.
+        with tqdm(total=len(states), desc=f"rollout {self.method} [{policy_label(self.generator)}]",
+                  unit="rollout", disable=not self.progress or not states, leave=False) as bar:
             while active := [state for state in states if state.stop_reason is None]:
                 self._generate(active, turn)
                 self._retrieve([state for state in active if state.pending_query is not None])
                 turn += 1
-                bar.update(1)
-                bar.set_postfix(active=sum(state.stop_reason is None for state in states))
+                still_active = sum(state.stop_reason is None for state in states)
+                bar.update(len(active) - still_active)
+                bar.set_postfix(turn=turn, active=still_active)
         rollouts = [self._finish(state) for state in states]
         if rollouts:
             logger.info("%d rollouts (%s) in %d turns; stop reasons %s", len(rollouts), self.method, turn,

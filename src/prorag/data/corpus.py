@@ -8,11 +8,12 @@ from collections.abc import Iterable, Sequence
 
 from prorag.data.jsonl import DataFileError, iter_jsonl
 from prorag.data.records import Passage
+from prorag.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 
-class DuplicatePassageError(ValueError):
+class DuplicatePassageError(UserError, ValueError):
     """Two records share an id but differ in title or text; the message names both."""
 
 

@@ -8,8 +8,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from prorag.errors import UserError
 
-class DataFileError(ValueError):
+
+class DataFileError(UserError, ValueError):
     """A data file is missing or holds a malformed record; the message names the file and line."""
 
     def __init__(self, path: str | os.PathLike[str], message: str, line: int | None = None) -> None:

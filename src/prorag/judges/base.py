@@ -121,3 +121,13 @@ def _as_list(values: Sequence[object], name: str) -> list:  # type: ignore[type-
     if isinstance(values, str | bytes):
         raise TypeError(f"{name} must be a sequence, not a single string")
     return list(values)
+
+
+def judge_kind(judge: object) -> str:
+    """``reference`` or ``llm`` (the ``kind`` of :func:`prorag.judges.factory.build_judge`) for the project's
+    judges (or a judge's own ``kind`` attribute), else its class name: what progress bars and MLflow labels call
+    it."""
+    if isinstance(kind := getattr(judge, "kind", None), str):
+        return kind
+    name = type(judge).__name__
+    return {"ReferenceJudge": "reference", "LLMJudge": "llm"}.get(name, name)

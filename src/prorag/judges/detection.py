@@ -30,8 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
-from prorag.judges.base import Judge, Verdict
-from prorag.llm.generation import GenerationError, Generator, SamplingParams, generate_chat
+from tqdm.auto import tqdm
+
+from prorag.judges.base import Judge, Verdict, judge_kind
+from prorag.llm.generation import GenerationError, Generator, SamplingParams, generate_chat, policy_label
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ StepKind = Literal["search", "non_search"]
 ReaskStyle = Literal["paper", "instructed"]
 UnderSearchInput = Literal["step", "step_and_question"]
 
+MIN_CHUNK: Final = 16
+"""The smallest chunk of items a judge is called with while a progress bar is shown."""
 REASK_INSTRUCTION: Final = "Answer the following question concisely, in one short sentence."
 """The instruction put before a re-asked query by ``reask="instructed"`` (the paper gives none)."""
 PAPER_REASK_SAMPLING: Final = {"temperature": 1.0, "top_p": 1.0, "seed": 0}
@@ -146,8 +150,11 @@ def split_context(context: str) -> list[str]:
 
 def detect(rollouts: Sequence[Any], policy: Generator, over_judge: Judge, under_judge: Judge, *,
            reask_max_new_tokens: int = 64, mode: DetectionMode = "both", reask: ReaskStyle = "paper",
-           under_search_input: UnderSearchInput = "step") -> list[StepVerdicts]:
+           under_search_input: UnderSearchInput = "step", progress: bool = False) -> list[StepVerdicts]:
     """Detect over-/under-search in every step of ``rollouts`` (see the module docstring).
+
+    ``progress`` shows a bar of judged steps (rate and ETA) named by the rollouts' methods, the re-asked policy
+    and the judges' kinds; the judges are then called in chunks (a verdict does not depend on its chunk).
 
     ``rollouts`` are :class:`~prorag.agent.trajectory.Rollout` records (or anything with ``question``,
     ``format_ok`` and ``steps`` — step dicts with ``kind``, ``reasoning``, ``query``, ``context``,
@@ -190,18 +197,24 @@ def detect(rollouts: Sequence[Any], policy: Generator, over_judge: Judge, under_
             kinds.append((step_index, kind))
         layout.append(kinds)
 
+    methods = sorted({str(getattr(rollout, "method", "")) for rollout in rollouts} - {""})
+    judges = sorted({judge_kind(over_judge), judge_kind(under_judge)})
+    bar = tqdm(total=len(search_jobs) + len(non_search_jobs), unit="step", leave=False,
+               disable=not progress or not (search_jobs or non_search_jobs),
+               desc=f"judging {','.join(methods) or 'rollouts'} [{policy_label(policy)}; {'/'.join(judges)} judge]")
     phases: list[Callable[[], dict[tuple[int, int], StepVerdict]]] = []
     if search_jobs:
-        phases.append(lambda: _over_phase(search_jobs, policy, over_judge, reask_max_new_tokens, reask))
+        phases.append(lambda: _over_phase(search_jobs, policy, over_judge, reask_max_new_tokens, reask, bar))
     if non_search_jobs:
-        phases.append(lambda: _under_phase(non_search_jobs, under_judge))
+        phases.append(lambda: _under_phase(non_search_jobs, under_judge, bar))
     judged: dict[tuple[int, int], StepVerdict] = {}
-    if len(phases) == 2:  # the two detections run concurrently (§3.2)
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prorag-detect") as pool:
-            for future in [pool.submit(phase) for phase in phases]:
-                judged.update(future.result())
-    elif phases:
-        judged.update(phases[0]())
+    with bar:
+        if len(phases) == 2:  # the two detections run concurrently (§3.2)
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prorag-detect") as pool:
+                for future in [pool.submit(phase) for phase in phases]:
+                    judged.update(future.result())
+        elif phases:
+            judged.update(phases[0]())
 
     results = []
     for rollout_index, kinds in enumerate(layout):
@@ -221,7 +234,7 @@ def detect(rollouts: Sequence[Any], policy: Generator, over_judge: Judge, under_
 
 
 def _over_phase(jobs: list[_SearchJob], policy: Generator, judge: Judge,
-                max_new_tokens: int, style: ReaskStyle) -> dict[tuple[int, int], StepVerdict]:
+                max_new_tokens: int, style: ReaskStyle, bar: tqdm) -> dict[tuple[int, int], StepVerdict]:
     out: dict[tuple[int, int], StepVerdict] = {}
     queries = list(dict.fromkeys(job.query for job in jobs if job.query is not None and job.conclusion is not None))
     answers: dict[str, str] = {}
@@ -238,7 +251,8 @@ def _over_phase(jobs: list[_SearchJob], policy: Generator, judge: Judge,
                 raise RuntimeError(f"policy returned {len(completions)} results for {len(queries)} prompts")
             answers = {query: samples[0].text.strip() for query, samples in zip(queries, completions, strict=True)}
     judged_jobs = [job for job in jobs if job.query in answers and job.conclusion is not None]
-    verdicts = _call(judge.equivalent, [(str(job.conclusion), answers[str(job.query)]) for job in judged_jobs])
+    bar.update(len(jobs) - len(judged_jobs))  # nothing to judge for these
+    verdicts = _call(judge.equivalent, [(str(job.conclusion), answers[str(job.query)]) for job in judged_jobs], bar)
     for job, verdict in zip(judged_jobs, verdicts, strict=True):
         out[(job.rollout_index, job.step_index)] = StepVerdict(
             job.rollout_index, job.step_index, "search", checked=True, over=verdict.value,
@@ -252,11 +266,14 @@ def _over_phase(jobs: list[_SearchJob], policy: Generator, judge: Judge,
     return out
 
 
-def _under_phase(jobs: list[_NonSearchJob], judge: Judge) -> dict[tuple[int, int], StepVerdict]:
+def _under_phase(jobs: list[_NonSearchJob], judge: Judge, bar: tqdm) -> dict[tuple[int, int], StepVerdict]:
     out: dict[tuple[int, int], StepVerdict] = {}
     judged_jobs = [job for job in jobs if job.conclusion is not None]
-    verdicts = _call(lambda items: judge.verify_steps(items, contexts=[job.contexts for job in judged_jobs]),
-                     [(job.question, job.reasoning, str(job.conclusion)) for job in judged_jobs])
+    bar.update(len(jobs) - len(judged_jobs))
+    contexts = [job.contexts for job in judged_jobs]
+    verdicts = _call(lambda items, start: judge.verify_steps(items, contexts=contexts[start:start + len(items)]),
+                     [(job.question, job.reasoning, str(job.conclusion)) for job in judged_jobs], bar,
+                     with_start=True)
     for job, verdict in zip(judged_jobs, verdicts, strict=True):
         under = None if verdict.value is None else not verdict.value
         out[(job.rollout_index, job.step_index)] = StepVerdict(
@@ -270,12 +287,21 @@ def _under_phase(jobs: list[_NonSearchJob], judge: Judge) -> dict[tuple[int, int
     return out
 
 
-def _call(method: Callable[[list[Any]], list[Verdict]], items: list[Any]) -> list[Verdict]:
+def _call(method: Callable[..., list[Verdict]], items: list[Any], bar: tqdm, *,
+          with_start: bool = False) -> list[Verdict]:
+    """``method`` over ``items``: in one call without a visible bar, else in about 20 chunks (of at least
+    ``MIN_CHUNK``) so the bar moves; ``with_start`` passes each chunk's offset too."""
     if not items:
         return []
-    verdicts = method(items)
-    if len(verdicts) != len(items):
-        raise RuntimeError(f"judge returned {len(verdicts)} verdicts for {len(items)} items")
+    size = len(items) if bar.disable else max(MIN_CHUNK, -(-len(items) // 20))
+    verdicts: list[Verdict] = []
+    for start in range(0, len(items), size):
+        chunk = items[start:start + size]
+        got = method(chunk, start) if with_start else method(chunk)
+        if len(got) != len(chunk):
+            raise RuntimeError(f"judge returned {len(got)} verdicts for {len(chunk)} items")
+        verdicts.extend(got)
+        bar.update(len(chunk))
     return verdicts
 
 

@@ -364,7 +364,7 @@ class KnowledgeGraphOption:
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--knowledge-graph", default=None,
                             help="for --retriever kag / kag_concat: data/06_models/knowledge_graph/<version>/"
-                                 "knowledge_graph (kedro run --pipeline=kg_extraction)")
+                                 "knowledge_graph (kedro run --pipelines=kg_extraction)")
 
     def apply(self, index: RetrievalIndex, args: Any) -> None:
         path: str | os.PathLike[str] | None = args.knowledge_graph

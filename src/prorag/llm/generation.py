@@ -118,6 +118,12 @@ class Generator(Protocol):
         ...
 
 
+def policy_label(generator: object) -> str:
+    """What progress bars call a policy: the ``label`` the composition root gives it (model and adapter version,
+    :attr:`prorag.specs.PolicySpec.label`), else the generator's class name."""
+    return str(getattr(generator, "label", None) or type(generator).__name__)
+
+
 def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage],
                 add_generation_prompt: bool = True) -> str:
     """Apply the tokenizer's chat template, returning text (tokenize it without adding special tokens)."""

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import openai
 
+from prorag.errors import UserError
 from prorag.llm.async_session import AsyncOpenAISession
 from prorag.llm.generation import (
     ChatMessage,
@@ -65,7 +66,7 @@ KEYLESS: Final = "EMPTY"
 ``prorag serve`` ignore it)."""
 
 
-class MissingApiKeyError(ValueError):
+class MissingApiKeyError(UserError, ValueError):
     """The environment variable a parameter names as holding the API key is not set."""
 
 

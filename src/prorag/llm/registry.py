@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prorag.errors import UserError
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -42,7 +44,7 @@ _TINY_LLAMA_SHAPE = {"hidden_size": 64, "intermediate_size": 256, "num_hidden_la
                      "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 8192}
 
 
-class ModelNotAvailableError(RuntimeError):
+class ModelNotAvailableError(UserError, RuntimeError):
     """A model spec cannot be resolved offline, or its bundle package is not installed."""
 
 

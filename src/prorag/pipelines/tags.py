@@ -3,8 +3,8 @@
 Every node has exactly one *kind* tag; nodes that belong to one method's training also carry that *method*'s tag
 (shared stages — data, indexing, base rollouts, evaluation, judging — carry none). HiPRAG and the multi-stage
 method share the trained-agent stages (the ``agent`` and ``reward`` blocks pick between them), so those carry
-both. Examples: ``kedro run --pipeline=train --tags=evaluation`` re-evaluates and re-judges the latest
-trajectories; ``kedro run --pipeline=train_tearag --tags=tearag`` re-runs TeaRAG's own stages on the latest index.
+both. Examples: ``kedro run --pipelines=train --tags=evaluation`` re-evaluates and re-judges the latest
+trajectories; ``kedro run --pipelines=train_tearag --tags=tearag`` re-runs TeaRAG's own stages on the latest index.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Final
 
+from prorag.errors import UserError
 from prorag.protocol.base import ProtocolAdapter
 
 AdapterFactory = Callable[..., ProtocolAdapter]
@@ -28,7 +29,7 @@ _BUILTIN: Final[dict[str, str]] = {
 _registered: dict[str, AdapterFactory] = {}
 
 
-class UnknownProtocolError(ValueError):
+class UnknownProtocolError(UserError, ValueError):
     """A protocol name that is neither built in nor registered."""
 
 

@@ -13,7 +13,7 @@ wrong fields. Only loopback ``Host`` names are answered unless the server is bou
 (:mod:`prorag.serving.guard`).
 
 Run: ``python -m prorag.retrieval.server --index-dir data/06_models/retrieval_index/<version>/retrieval_index
---port 8001`` (a version folder of the ``retrieval_index`` dataset; ``kedro run --pipeline=index`` writes one).
+--port 8001`` (a version folder of the ``retrieval_index`` dataset; ``kedro run --pipelines=index`` writes one).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import numpy as np
 from pydantic import Field
 
 from prorag.config import StrictModel
+from prorag.errors import UserError
 from prorag.specs import JudgeSpec
 
 if TYPE_CHECKING:
@@ -201,7 +202,7 @@ _BUILTIN: Final[dict[str, str]] = {
 _registered: dict[str, type[Reward]] = {}
 
 
-class UnknownRewardError(ValueError):
+class UnknownRewardError(UserError, ValueError):
     """A reward kind that is neither built in nor registered."""
 
 

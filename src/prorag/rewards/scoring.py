@@ -88,9 +88,10 @@ class RolloutScorer:
         """Add questions (with their gold evidence) the scorer can look rollouts up in."""
         self.questions.update((question.key, question) for question in questions)
 
-    def score(self, rollouts: Sequence[Rollout], policy: Generator, step: int | None = None) -> ScoredBatch:
+    def score(self, rollouts: Sequence[Rollout], policy: Generator, step: int | None = None, *,
+              progress: bool = False) -> ScoredBatch:
         """Score ``rollouts``; ``policy`` answers the re-asked queries; ``step`` is the training step (None:
-        evaluation, scored as the reward's final stage)."""
+        evaluation, scored as the reward's final stage); ``progress``: a bar over the judged steps."""
         reward = self.reward
         verdicts: list[StepVerdicts] | None = None
         if self.detects:  # an empty batch still reports the same statistics (ranks must agree)
@@ -98,7 +99,8 @@ class RolloutScorer:
             verdicts = detect(rollouts, policy, self.over_judge, self.under_judge,
                               reask_max_new_tokens=reward.settings.reask_max_new_tokens,
                               mode=reward.mode(), reask=reward.settings.reask,  # type: ignore[arg-type]
-                              under_search_input=reward.settings.under_search_input) if rollouts else []
+                              under_search_input=reward.settings.under_search_input,
+                              progress=progress) if rollouts else []
         if reward.needs.evidence:
             missing = sorted({rollout.question_key for rollout in rollouts} - set(self.questions))
             if missing:

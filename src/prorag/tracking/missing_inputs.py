@@ -1,9 +1,9 @@
 """Inputs that have no saved version yet, and which registered pipeline to run first. Kedro-free;
 :class:`prorag.hooks.RunVersionHook` applies it before any node runs.
 
-Without this, ``kedro run --pipeline=train_rl`` on a fresh project runs its first nodes and only then fails on a
+Without this, ``kedro run --pipelines=train_rl`` on a fresh project runs its first nodes and only then fails on a
 ``VersionNotFoundError`` for ``sft_adapter``; with it, the run does not start and says
-``sft_adapter has no version yet: run `kedro run --pipeline=train_sft` (or train) first``.
+``sft_adapter has no version yet: run `kedro run --pipelines=train_sft` (or train) first``.
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ def producers(dataset: str, pipelines: Iterable[PipelineShape], has_data: Callab
 
 
 def missing_input_line(dataset: str, suggestions: Sequence[str]) -> str:
-    """``<dataset> has no version yet: run `kedro run --pipeline=<first>` (or <next two>) first``."""
+    """``<dataset> has no version yet: run `kedro run --pipelines=<first>` (or <next two>) first``."""
     if not suggestions:
         return f"{dataset} has no version yet, and no registered pipeline writes it"
     others = f" (or {', '.join(suggestions[1:3])})" if len(suggestions) > 1 else ""
-    return f"{dataset} has no version yet: run `kedro run --pipeline={suggestions[0]}`{others} first"
+    return f"{dataset} has no version yet: run `kedro run --pipelines={suggestions[0]}`{others} first"
 
 
 def check_inputs_have_versions(missing: Sequence[str], pipelines: Sequence[PipelineShape],

@@ -25,12 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from prorag.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 Status = Literal["running", "completed", "failed", "killed"]
 
 
-class RunVersionError(RuntimeError):
+class RunVersionError(UserError, RuntimeError):
     """The inputs of a run cannot be taken from completed runs that belong together; the message says which
     datasets and versions, and how to choose them explicitly."""
 

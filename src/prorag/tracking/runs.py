@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePath
@@ -178,11 +179,20 @@ def dataset_input(name: str, data: Any, path: str | None, context: str) -> Datas
     return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
 
 
-def ui_hint(tracking_uri: str, experiment_id: str, run_id: str) -> str:
-    """How to open a run: its URL on a tracking server, else the ``mlflow ui`` command for the store (credentials
-    in the URI hidden)."""
+TRAINING_VIEW = "?workflowType=machine_learning"
+"""MLflow 3 opens an experiment in its GenAI view by default; this query opens the training (runs, metrics) view."""
+
+
+def ui_hint(tracking_uri: str, experiment_id: str, run_id: str, *, project_path: str | Path | None = None) -> str:
+    """How to open a run in MLflow's training view: its URL on a tracking server, else the command that serves the
+    store (``make mlflow-ui`` for the project's own ``mlflow.db``, else the virtualenv's ``mlflow ui``) and the URL
+    it will answer on. Credentials in the URI are hidden."""
     uri = redact_text(tracking_uri)
-    route = f"#/experiments/{experiment_id}/runs/{run_id}"
+    route = f"#/experiments/{experiment_id}/runs/{run_id}{TRAINING_VIEW}"
     if uri.startswith(("http://", "https://")):
         return f"{uri.rstrip('/')}/{route}"
-    return f"mlflow ui --backend-store-uri {uri}   (then http://127.0.0.1:5000/{route})"
+    own_store = project_path is not None and uri == (
+        f"sqlite:///{(Path(project_path).resolve() / 'mlflow.db').as_posix()}")
+    command = ("make mlflow-ui" if own_store
+               else f"{Path(sys.executable).with_name('mlflow')} ui --backend-store-uri {uri} --port 5000")
+    return f"{command}   (then http://127.0.0.1:5000/{route})"

@@ -4,12 +4,66 @@ parameter schemas of the ``sft`` block and of ``rl.trainer`` — a new knob is o
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from functools import cache
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from prorag.config import StrictModel
 from prorag.specs import Dtype, PositiveInt, Seed
+
+TRLConfigName = Literal["SFTConfig", "GRPOConfig", "DPOConfig"]
+
+FIXED_BY_PRORAG = "fixed by prorag"
+
+
+@cache
+def trl_config_fields(config: TRLConfigName) -> frozenset[str]:
+    """The init fields of the pinned TRL's ``config`` dataclass (``trl.SFTConfig``, ...)."""
+    import trl
+
+    return frozenset(field.name for field in dataclasses.fields(getattr(trl, config)) if field.init)
+
+
+def check_trainer_args(args: Mapping[str, Any], config: TRLConfigName, owned: Mapping[str, str],
+                       where: str) -> dict[str, Any]:
+    """``args`` when every key is a field of the pinned TRL ``config`` that prorag does not set itself.
+
+    A key that is no field fails with the closest one (``did you mean``); a field prorag sets (``owned``: field ->
+    the parameter that sets it, or :data:`FIXED_BY_PRORAG`) fails naming that parameter. Nothing is imported for
+    an empty mapping."""
+    if not args:
+        return {}
+    fields = trl_config_fields(config)
+    for key in args:
+        if key not in fields:
+            close = difflib.get_close_matches(key, sorted(fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown TRL {config} field {key!r} in {where}{hint}")
+        if key in owned:
+            setter = owned[key]
+            raise ValueError(f"{config}.{key} is {setter}" if setter == FIXED_BY_PRORAG else
+                             f"{config}.{key} is set by {setter}, not by {where}")
+    return dict(args)
+
+
+class TrainerArgs(StrictModel):
+    """A ``trainer_args`` mapping: any other field of the pinned TRL config, passed through unchanged."""
+
+    trl_config: ClassVar[TRLConfigName]
+    trl_owned: ClassVar[Mapping[str, str]]
+    trl_where: ClassVar[str]
+
+    trainer_args: dict[str, Any] = Field(default_factory=dict)
+    """TRL config fields prorag does not set itself (``lr_scheduler_type``, ``warmup_ratio``, ``report_to``, ...)."""
+
+    @model_validator(mode="after")
+    def _check_trainer_args(self) -> TrainerArgs:
+        check_trainer_args(self.trainer_args, self.trl_config, self.trl_owned, self.trl_where)
+        return self
 
 
 class LoraSettings(StrictModel):
@@ -21,8 +75,11 @@ class LoraSettings(StrictModel):
     target_modules: list[str] = Field(default=["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
 
 
-class SFTSettings(LoraSettings):
-    """LoRA SFT with TRL's ``SFTTrainer`` (TRL names)."""
+class SFTSettings(TrainerArgs, LoraSettings):
+    """LoRA SFT with TRL's ``SFTTrainer`` (TRL names; any other ``SFTConfig`` field in ``trainer_args``)."""
+
+    trl_config: ClassVar[TRLConfigName] = "SFTConfig"
+    trl_where: ClassVar[str] = "sft.trainer_args"
 
     learning_rate: float = Field(default=2e-4, gt=0)
     num_train_epochs: float = Field(default=1.0, gt=0)
@@ -40,9 +97,12 @@ class SFTSettings(LoraSettings):
     """False on GPUs (conf/gpu)."""
 
 
-class GRPOSettings(StrictModel):
-    """A GRPO / DAPO / Dr. GRPO run with TRL's ``GRPOTrainer`` (TRL names); ``per_device_train_batch_size``
-    counts completions (prompts × ``num_generations``)."""
+class GRPOSettings(TrainerArgs):
+    """A GRPO / DAPO / Dr. GRPO run with TRL's ``GRPOTrainer`` (TRL names; any other ``GRPOConfig`` field in
+    ``trainer_args``); ``per_device_train_batch_size`` counts completions (prompts × ``num_generations``)."""
+
+    trl_config: ClassVar[TRLConfigName] = "GRPOConfig"
+    trl_where: ClassVar[str] = "rl.trainer.trainer_args"
 
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
     max_steps: PositiveInt = 4
@@ -76,3 +136,26 @@ class GRPOSettings(StrictModel):
     use_cpu: bool = True
     lora: LoraSettings = LoraSettings(lora_dropout=0.0)
     """A fresh adapter's LoRA (unused when training continues an adapter, e.g. the SFT one)."""
+
+
+SFT_TRL_NAMES = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+                 "gradient_accumulation_steps", "seed", "logging_steps", "max_length", "use_cpu")
+"""The ``SFTConfig`` fields :class:`SFTSettings` sets under their own names."""
+SFTSettings.trl_owned = {
+    **{name: f"sft.{name}" for name in SFT_TRL_NAMES},
+    "activation_checkpointing": "sft.gradient_checkpointing", "bf16": "sft.dtype", "fp16": "sft.dtype",
+    "data_seed": "sft.seed",
+    **dict.fromkeys(("output_dir", "save_strategy", "completion_only_loss", "assistant_only_loss"), FIXED_BY_PRORAG),
+}
+GRPO_TRL_NAMES = ("learning_rate", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+                  "num_generations", "loss_type", "beta", "epsilon", "epsilon_high", "scale_rewards", "temperature",
+                  "seed", "logging_steps", "save_steps", "save_total_limit", "use_cpu")
+"""The ``GRPOConfig`` fields :class:`GRPOSettings` sets under their own names."""
+GRPOSettings.trl_owned = {
+    **{name: f"rl.trainer.{name}" for name in GRPO_TRL_NAMES},
+    "activation_checkpointing": "rl.trainer.gradient_checkpointing", "bf16": "rl.trainer.dtype",
+    "fp16": "rl.trainer.dtype", "data_seed": "rl.trainer.seed", "top_p": "rl.trainer.top_p",
+    **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_server_base_url"), "rl.policy_server"),
+    **dict.fromkeys(("output_dir", "save_strategy", "mask_truncated_completions", "remove_unused_columns",
+                     "shuffle_dataset"), FIXED_BY_PRORAG),
+}

@@ -25,13 +25,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field
 
 from prorag.llm.generation import render_chat
 from prorag.specs import Dtype, PositiveInt, Seed
-from prorag.training.config import LoraSettings
+from prorag.training.config import FIXED_BY_PRORAG, LoraSettings, TrainerArgs, TRLConfigName
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, TrainerCallback
@@ -39,10 +39,23 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class DPOTrainingConfig(LoraSettings):
-    """Every knob of :func:`train_dpo_lora` (TRL names; also the parameter schema of ``dpo.trainer``). The anchor
-    code (LLaMA-Factory, full fine-tuning of Qwen2.5-7B) uses β = 0.3, lr 1e-6, cosine schedule, warm-up ratio
-    0.2, batch 1 × 2 accumulation, one epoch: the defaults here."""
+class DPOTrainingConfig(TrainerArgs, LoraSettings):
+    """Every knob of :func:`train_dpo_lora` (TRL names; also the parameter schema of ``dpo.trainer``; any other
+    ``DPOConfig`` field in ``trainer_args``). The anchor code (LLaMA-Factory, full fine-tuning of Qwen2.5-7B) uses
+    β = 0.3, lr 1e-6, cosine schedule, warm-up ratio 0.2, batch 1 × 2 accumulation, one epoch: the defaults here."""
+
+    trl_config: ClassVar[TRLConfigName] = "DPOConfig"
+    trl_where: ClassVar[str] = "dpo.trainer.trainer_args"
+    trl_owned: ClassVar[dict[str, str]] = {
+        **{name: f"dpo.trainer.{name}" for name in (
+            "beta", "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+            "gradient_accumulation_steps", "lr_scheduler_type", "seed", "logging_steps", "max_length", "use_cpu",
+            "precompute_ref_log_probs")},
+        "warmup_steps": "dpo.trainer.warmup_ratio", "loss_type": "dpo.trainer.sft_weight",
+        "loss_weights": "dpo.trainer.sft_weight", "bf16": "dpo.trainer.dtype", "fp16": "dpo.trainer.dtype",
+        "data_seed": "dpo.trainer.seed", "activation_checkpointing": "dpo.trainer.gradient_checkpointing",
+        **dict.fromkeys(("output_dir", "save_strategy"), FIXED_BY_PRORAG),
+    }
 
     beta: float = Field(default=0.3, gt=0)
     learning_rate: float = Field(default=1e-6, gt=0)
@@ -142,8 +155,8 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
         peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                                  target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM")
     loss_type, loss_weights = config.loss()
-    args = DPOConfig(
-        output_dir=str(output / "trainer"), report_to=[], use_cpu=config.use_cpu,
+    args = DPOConfig(**{"report_to": [], **config.trainer_args}, **dict(
+        output_dir=str(output / "trainer"), use_cpu=config.use_cpu,
         bf16=config.dtype == "bfloat16" and not config.use_cpu, fp16=False,
         beta=config.beta, loss_type=loss_type, loss_weights=loss_weights,
         learning_rate=config.learning_rate, num_train_epochs=config.num_train_epochs, max_steps=config.max_steps,
@@ -153,7 +166,7 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
         seed=config.seed, data_seed=config.seed, logging_steps=config.logging_steps, save_strategy="no",
         max_length=config.max_length, activation_checkpointing=config.gradient_checkpointing,
         precompute_ref_log_probs=config.precompute_ref_log_probs,
-    )
+    ))  # trainer_args is validated: it sets no field named here (report_to may be overridden)
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list([dict(row) for row in rows]),
                          processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
     if not config.append_eos:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 from prorag.llm.generation import render_chat
 from prorag.protocol.base import ProtocolAdapter
 from prorag.protocol.registry import build_adapter
-from prorag.training.config import SFTSettings
+from prorag.training.config import SFT_TRL_NAMES, SFTSettings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, TrainerCallback
@@ -100,20 +100,19 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_causal_lm(model_spec, dtype=settings.dtype, device="cpu")
-    config = SFTConfig(
-        **settings.model_dump(include={"learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
-                                       "gradient_accumulation_steps", "seed", "logging_steps", "max_length",
-                                       "use_cpu"}),
-        output_dir=str(output / "trainer"),
-        report_to=[],
-        bf16=settings.dtype == "bfloat16" and not settings.use_cpu,
-        fp16=False,
-        data_seed=settings.seed,
-        save_strategy="no",
-        activation_checkpointing=settings.gradient_checkpointing,  # the non-deprecated name in transformers 5
-        completion_only_loss=False,
-        assistant_only_loss=False,
-    )
+    config = SFTConfig(**{
+        **settings.model_dump(include=set(SFT_TRL_NAMES)),
+        "output_dir": str(output / "trainer"),
+        "report_to": [],
+        "bf16": settings.dtype == "bfloat16" and not settings.use_cpu,
+        "fp16": False,
+        "data_seed": settings.seed,
+        "save_strategy": "no",
+        "activation_checkpointing": settings.gradient_checkpointing,  # the non-deprecated name in transformers 5
+        "completion_only_loss": False,
+        "assistant_only_loss": False,
+        **settings.trainer_args,  # validated: no field set above but report_to
+    })
     peft_config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
                              target_modules=list(settings.target_modules), bias="none", task_type="CAUSAL_LM")
     trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows),

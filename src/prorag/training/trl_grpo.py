@@ -50,7 +50,7 @@ from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.rewards.diagnostics import process_shaped_groups
 from prorag.rewards.scoring import Ratio
 from prorag.specs import AgentSpec, SamplingSpec
-from prorag.training.config import GRPOSettings
+from prorag.training.config import GRPO_TRL_NAMES, GRPOSettings
 from prorag.training.dapo import refill_uniform_groups
 from prorag.training.trl_private import GRPOTrainerHooks
 
@@ -316,24 +316,21 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
                           "trained weights to it through vLLM's client before every generation batch")
     vllm = ({"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": server.root}
             if server is not None else {})
-    trl_names = settings.model_dump(include={
-        "learning_rate", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
-        "loss_type", "beta", "epsilon", "epsilon_high", "scale_rewards", "temperature", "seed", "logging_steps",
-        "save_steps", "save_total_limit", "use_cpu"})
-    config = GRPOConfig(
+    config = GRPOConfig(**{
         **vllm,
-        **trl_names,
-        output_dir=str(checkpoint_dir),
-        report_to=[],
-        bf16=settings.dtype == "bfloat16" and not settings.use_cpu,
-        fp16=False,
-        mask_truncated_completions=False,  # agent completions end with </answer>, not EOS
-        data_seed=settings.seed,
-        save_strategy="steps",
-        activation_checkpointing=settings.gradient_checkpointing,
-        remove_unused_columns=False,
-        shuffle_dataset=True,
-    )
+        **settings.model_dump(include=set(GRPO_TRL_NAMES)),
+        "output_dir": str(checkpoint_dir),
+        "report_to": [],
+        "bf16": settings.dtype == "bfloat16" and not settings.use_cpu,
+        "fp16": False,
+        "mask_truncated_completions": False,  # agent completions end with </answer>, not EOS
+        "data_seed": settings.seed,
+        "save_strategy": "steps",
+        "activation_checkpointing": settings.gradient_checkpointing,
+        "remove_unused_columns": False,
+        "shuffle_dataset": True,
+        **settings.trainer_args,  # validated: no field set above but report_to
+    })
     # rollout_func is flagged experimental by TRL; the pinned TRL version is the one this module is tested with.
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     return AgentGRPOTrainer(

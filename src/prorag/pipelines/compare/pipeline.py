@@ -12,7 +12,7 @@ from prorag.pipelines.compare.nodes import (
 
 
 def create_pipeline(judging: Pipeline | None = None, **kwargs: object) -> Pipeline:
-    """Needs ``index_questions`` and ``retrieval_index`` (``kedro run --pipeline=index``) and reads whatever
+    """Needs ``index_questions`` and ``retrieval_index`` (``kedro run --pipelines=index``) and reads whatever
     ``trained_artifacts`` exist; OSR/USR come from ``judging`` — the reward-judging pipeline, which the pipeline
     registry passes in — run on the compare trajectories (without it, ``compare_judge_metrics`` is an input)."""
     if judging is None:

@@ -25,7 +25,7 @@ class RecallEvaluationParams(StrictModel):
 
 
 class CorpusIndexingParams(StrictModel):
-    """How the corpus is windowed, embedded and indexed; see README, "Retrieval"."""
+    """How the corpus is windowed, embedded and indexed; see docs/data.md."""
 
     embedder: str = BUNDLED_MINILM
     query_prefix: str | None = None

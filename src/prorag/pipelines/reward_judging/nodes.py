@@ -65,7 +65,8 @@ def judge_trajectories(trajectory_records: list[dict[str, Any]], index: Retrieva
         label = reask.model if reask.adapter is None else f"{reask.model} + {reask.adapter}"
         logger.info("re-asking %d trajectories' search queries to %s", len(positions), label)
         group = [rollouts[position] for position in positions]
-        scored = scorer.score(group, build_policy(reask))  # step None: evaluation (a staged reward's last stage)
+        # step None: evaluation (a staged reward's last stage); a bar of judged steps naming methods and policy
+        scored = scorer.score(group, build_policy(reask), progress=True)
         for offset, position in enumerate(positions):
             scored_by_position[position] = (scored, offset)
             reask_labels[position] = label

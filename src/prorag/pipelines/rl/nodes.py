@@ -87,7 +87,9 @@ def train_rl_from_instruct(question_records: list[dict[str, Any]], index: Retrie
 def run_fingerprint(params: RLParams, sft_adapter: str, questions: list[Question], policy: PolicySpec,
                     agent: TrainedAgentSpec, reward: RewardSettings) -> str:
     """A short hash of everything that determines a training run (the checkpoint folder's name)."""
-    payload = {"rl": params.model_dump(exclude={"trainer": {"resume"}, "policy_server": True}),
+    # trainer_args only when set, so runs from before it existed keep their fingerprint (and checkpoints)
+    trainer_exclude = {"resume"} if params.trainer.trainer_args else {"resume", "trainer_args"}
+    payload = {"rl": params.model_dump(exclude={"trainer": trainer_exclude, "policy_server": True}),
                "model": policy.model, "agent": agent.model_dump(exclude={"name"}), "reward": reward.model_dump(),
                "sft_adapter": str(Path(sft_adapter)) if sft_adapter else None,
                "questions": [question.key for question in questions]}

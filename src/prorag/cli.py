@@ -1,0 +1,57 @@
+"""The project's ``kedro run``: Kedro's own command, with expected user errors printed as one line and a hint.
+
+Kedro looks up ``<package>.cli`` for project commands (``kedro run`` and ``python -m prorag`` both find this
+``run``). An expected error — an unknown pipeline, an input without a saved version, a mistyped parameter, a bad
+data file, a missing API key (any :class:`prorag.errors.UserError`) — prints its message and a hint instead of a
+100-line traceback; ``--traceback`` or ``PRORAG_TRACEBACK=1`` shows the traceback. Any other error is raised as
+before.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+from kedro.framework.cli.project import run as kedro_run
+
+from prorag.errors import TRACEBACK_ENV, user_error_message
+
+TRACEBACK_HINT = f"(the traceback: add --traceback or set {TRACEBACK_ENV}=1)"
+
+
+def _traceback_wanted(flag: bool) -> bool:
+    return flag or os.environ.get(TRACEBACK_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+@click.pass_context
+def _run(ctx: click.Context, traceback: bool, **kwargs: Any) -> Any:
+    """Kedro's ``run``; expected errors become one line and a hint (``--traceback``: the traceback too)."""
+    try:
+        return ctx.invoke(kedro_run.callback, **kwargs)
+    except Exception as error:
+        message = user_error_message(error)
+        if message is None or _traceback_wanted(traceback):
+            raise
+        click.secho(f"Error: {message}", fg="red", err=True)
+        click.echo(TRACEBACK_HINT, err=True)
+        ctx.exit(1)
+
+
+run = click.Command(
+    name="run",
+    callback=_run,
+    params=[*kedro_run.params,
+            click.Option(["--traceback"], is_flag=True, default=False,
+                         help=f"Show the traceback of an expected error (also {TRACEBACK_ENV}=1).")],
+    help=kedro_run.help,
+    short_help=kedro_run.short_help,
+)
+
+
+@click.group(name="prorag")
+def cli() -> None:
+    """prorag's project commands (Kedro's, with ``run`` reporting expected errors without a traceback)."""
+
+
+cli.add_command(run)
