@@ -76,7 +76,8 @@ def redact(values: Mapping[str, Any]) -> dict[str, Any]:
 class RedactingFilter(logging.Filter):
     """A logging filter that passes every record with :func:`redact_text` applied to its message and traceback.
 
-    Attach it to a handler (``conf/logging.yml`` does, for the terminal and ``info.log``)."""
+    :func:`install_log_redaction` attaches it to every handler (the project's ``settings.py`` calls it, so the
+    terminal and ``info.log`` of ``kedro run`` get it; both servers' command lines call it too)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -91,3 +92,17 @@ class RedactingFilter(logging.Filter):
         if record.exc_text:
             record.exc_text = redact_text(record.exc_text)
         return True
+
+
+def install_log_redaction(*loggers: logging.Logger) -> int:
+    """Attach a :class:`RedactingFilter` to every handler of ``loggers`` (default: the root logger and every logger
+    configured so far) that has none yet; returns how many handlers got one. Idempotent."""
+    chosen = loggers or (logging.getLogger(), *(item for item in logging.Logger.manager.loggerDict.values()
+                                                if isinstance(item, logging.Logger)))
+    added = 0
+    for logger in chosen:
+        for handler in logger.handlers:
+            if not any(isinstance(existing, RedactingFilter) for existing in handler.filters):
+                handler.addFilter(RedactingFilter())
+                added += 1
+    return added
