@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from prorag.retrieval.base import Hit, Retriever
 from prorag.serving.batching import MicroBatcher
 from prorag.serving.guard import (
+    BODY_TIMEOUT_S,
     LOOPBACK_HOSTS,
     BadRequestBody,
     allowed_hosts_for,
@@ -44,6 +45,7 @@ from prorag.serving.guard import (
     parse_json_body,
     restrict_hosts,
 )
+from prorag.serving.guard import read_body as read_guarded_body
 
 if TYPE_CHECKING:
     from prorag.retrieval.index import RetrievalIndex
@@ -182,6 +184,7 @@ def create_app(
     default_topk: int = 3,
     max_query_chars: int = 4096,
     max_body_bytes: int = 1 << 20,
+    body_timeout_s: float = BODY_TIMEOUT_S,
     batch_window_ms: float = 5.0,
     max_batch_queries: int = 512,
     info: dict[str, Any] | None = None,
@@ -212,17 +215,10 @@ def create_app(
             check_content_type(request.headers.get("content-type"))
         except BadRequestBody as error:
             raise RequestError(error.status, error.message) from None
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            raise RequestError(413, f"request body of {declared} bytes exceeds the limit of {max_body_bytes} bytes")
-        chunks: list[bytes] = []
-        received = 0
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > max_body_bytes:
-                raise RequestError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            return await read_guarded_body(request, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
+        except BadRequestBody as error:
+            raise RequestError(error.status, error.message) from None
 
     def parse(body: bytes) -> RetrieveRequest:
         try:

@@ -56,7 +56,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from prorag.llm.generation import Completion, Generator, SamplingParams
 from prorag.llm.prefix_cache import GenerationStats
 from prorag.serving.batching import MicroBatcher
-from prorag.serving.guard import LOOPBACK_HOSTS, BadRequestBody, check_content_type, parse_json_body, restrict_hosts
+from prorag.serving.guard import (
+    BODY_TIMEOUT_S,
+    LOOPBACK_HOSTS,
+    BadRequestBody,
+    check_content_type,
+    parse_json_body,
+    read_body,
+    restrict_hosts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +283,8 @@ def _message_text(message: Any, position: int) -> dict[str, str]:
 def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, batch_wait_ms: float = 5, *,
                api_key: str | None = None, max_tokens_limit: int = 4096, default_max_tokens: int | None = None,
                max_n: int = 16, max_prompts: int = 64, context_window: int | None = None,
-               max_body_bytes: int = 8 << 20, allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS) -> FastAPI:
+               max_body_bytes: int = 8 << 20, body_timeout_s: float = BODY_TIMEOUT_S,
+               allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS) -> FastAPI:
     """The FastAPI app serving ``generator`` as ``model_name`` (see the module docstring for the contract).
 
     ``context_window`` bounds prompt + ``max_tokens`` (default: the model's ``max_position_embeddings`` when
@@ -332,12 +341,11 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
             check_content_type(request.headers.get("content-type"))
         except BadRequestBody as error:
             raise ApiError(error.status, error.message, code="unsupported_media_type") from None
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            raise ApiError(413, f"request body exceeds {max_body_bytes} bytes", code="request_too_large")
-        raw = await request.body()
-        if len(raw) > max_body_bytes:
-            raise ApiError(413, f"request body exceeds {max_body_bytes} bytes", code="request_too_large")
+        try:
+            raw = await read_body(request, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
+        except BadRequestBody as error:
+            raise ApiError(error.status, error.message,
+                           code="request_too_large" if error.status == 413 else "request_timeout") from None
         try:
             body = parse_json_body(raw)
         except BadRequestBody as error:
