@@ -11,9 +11,10 @@ server (issue 32's setting). Reported per server: valid requests that failed (mu
 with a 4xx (must be 0), connections the server closed, and the latency p50/p99 of the valid requests.
 
 Head of line (``--head-of-line``): the wait of one small request sent 50 ms after a maximum-size one (retrieval: the
-most queries × the largest ``topk``; ``prorag serve``: the most prompts × the largest ``n``), against its latency
-alone. Output: a table, ``data/08_reporting/server_load_benchmark.csv`` and ``.md``, and with
-``--json`` the figures as JSON (the test ``tests/serving/test_request_guard.py`` runs a small version).
+most queries × the largest ``topk``; ``prorag serve``: 16 prompts × ``n`` = 16, the most sequences a request may
+ask, ``max_request_sequences``), against its latency alone. Output: a table,
+``data/08_reporting/server_load_benchmark.csv`` and ``.md``, and with ``--json`` the figures as JSON (the test
+``tests/serving/test_request_guard.py`` runs a small version).
 
     .venv/bin/python benchmarks/server_load.py --clients 32 --serve-clients 16 --requests 20 --head-of-line
 """
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                      {"queries": [f"{word} history of the world" for word in range(256)], "topk": 100},
                      {"queries": ["Who wrote Hamlet?"], "topk": 3}),
                     ("prorag serve", f"{serve_url}/completions",
-                     {"model": "tiny", "prompt": ["The capital of France is"] * 64, "n": 16, "max_tokens": 8,
+                     {"model": "tiny", "prompt": ["The capital of France is"] * 16, "n": 16, "max_tokens": 8,
                       "temperature": 1.0},
                      {"model": "tiny", "prompt": "Hello", "max_tokens": 2, "temperature": 0})):
                 alone, behind, big_status, big_seconds = head_of_line(url, big, small)
