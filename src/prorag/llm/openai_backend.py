@@ -44,6 +44,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
+from urllib.parse import urlsplit
 
 import openai
 
@@ -74,15 +75,31 @@ class MissingApiKeyError(ValueError):
     """The environment variable a parameter names as holding the API key is not set."""
 
 
-def api_key_from_env(api_key_env: str | None, *, endpoint: str) -> str:
+OPENAI_KEY_ENV: Final = "OPENAI_API_KEY"
+"""The default ``api_key_env`` of the project's specs: the OpenAI key, paired with OpenAI's API only."""
+OPENAI_HOSTS: Final = frozenset({"api.openai.com"})
+"""Where the key of :data:`OPENAI_KEY_ENV` may go (over https)."""
+
+
+def api_key_from_env(api_key_env: str | None, *, endpoint: str, base_url: str | None = None) -> str:
     """The key held by the environment variable named ``api_key_env`` — that variable only.
 
     ``None`` means a keyless server (:data:`KEYLESS` is sent). A named variable that is unset or empty raises
     :class:`MissingApiKeyError` before any request, so no other key (e.g. ``$OPENAI_API_KEY``) can leak to
     ``endpoint``; set the variable to ``EMPTY`` to talk to a keyless local server under a named variable.
+
+    Pairing rule: ``OPENAI_API_KEY`` (the specs' default) is sent only to ``https://api.openai.com``. Any other
+    ``base_url`` with ``api_key_env: OPENAI_API_KEY`` raises :class:`UnpairedApiKeyError` before any request: name
+    a variable for that server (``VLLM_API_KEY``, ``JUDGE_API_KEY`` …), or ``null`` for a keyless one. Any other
+    variable is paired with the ``base_url`` configured beside it (docs/serving.md, "Keys").
     """
     if api_key_env is None:
         return KEYLESS
+    if api_key_env == OPENAI_KEY_ENV and base_url is not None and not _is_openai(base_url):
+        raise UnpairedApiKeyError(
+            f"api_key_env {OPENAI_KEY_ENV} is sent only to https://api.openai.com, not to {endpoint}: name the "
+            "environment variable that holds this server's key (e.g. api_key_env: VLLM_API_KEY), or set "
+            "api_key_env to null for a server without a key")
     value = os.environ.get(api_key_env, "").strip()
     if not value:
         raise MissingApiKeyError(
@@ -91,6 +108,14 @@ def api_key_from_env(api_key_env: str | None, *, endpoint: str) -> str:
             "for a server without a key; no other variable is ever read")
     return value
 
+
+class UnpairedApiKeyError(ValueError):
+    """The OpenAI key variable is configured for an endpoint that is not OpenAI's API."""
+
+
+def _is_openai(base_url: str) -> bool:
+    parts = urlsplit(base_url)
+    return parts.scheme == "https" and (parts.hostname or "").lower() in OPENAI_HOSTS
 
 
 class OpenAICompatibleGenerator:
