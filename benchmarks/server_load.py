@@ -5,12 +5,18 @@
 retrieval server (:func:`prorag.retrieval.server.create_app` over BM25 on 500 real HotpotQA passages). Each
 client sends ``--requests`` valid requests, and after each valid one a bad request on the same connection,
 cycling through :data:`BAD_REQUESTS` (a lone surrogate, JSON nested 100 000 deep, 40 levels deep, invalid
-UTF-8, a ``text/plain`` body, a foreign ``Host``). Reported per server: valid requests that failed (must be 0),
-bad requests not answered with a 4xx (must be 0), connections the server closed, and the latency p50/p99 of the
-valid requests. Output: a table, ``data/08_reporting/server_load_benchmark.csv`` and ``.md``, and with
-``--json`` the figures as JSON (the test ``tests/serving/test_request_guard.py`` runs a small version).
+UTF-8, a ``text/plain`` body, a foreign ``Host``, a 5,000-digit integer in the server's integer field: ``topk`` or
+``max_tokens``). ``--serve-clients`` (default 16) load ``prorag serve``, ``--clients`` (default 32) the retrieval
+server (issue 32's setting). Reported per server: valid requests that failed (must be 0), bad requests not answered
+with a 4xx (must be 0), connections the server closed, and the latency p50/p99 of the valid requests.
 
-    .venv/bin/python benchmarks/server_load.py --clients 32 --requests 20
+Head of line (``--head-of-line``): the wait of one small request sent 50 ms after a maximum-size one (retrieval: the
+most queries × the largest ``topk``; ``prorag serve``: 16 prompts × ``n`` = 16, the most sequences a request may
+ask, ``max_request_sequences``), against its latency alone. Output: a table,
+``data/08_reporting/server_load_benchmark.csv`` and ``.md``, and with ``--json`` the figures as JSON (the test
+``tests/serving/test_request_guard.py`` runs a small version).
+
+    .venv/bin/python benchmarks/server_load.py --clients 32 --serve-clients 16 --requests 20 --head-of-line
 """
 
 from __future__ import annotations
@@ -54,7 +60,9 @@ BAD_REQUESTS: list[BadRequest] = [
     ("invalid UTF-8", b'"caf\xe9"', JSON),
     ("text/plain body", b'"hello"', {"content-type": "text/plain"}),
     ("foreign Host", b'"hello"', {**JSON, "host": "evil.example:80"}),
+    ("5000-digit integer", b"INT:" + b"9" * 5000, JSON),
 ]
+"""A body starting ``INT:`` puts the digits in the target's integer field instead of its string field."""
 
 
 @dataclass
@@ -65,11 +73,13 @@ class Target:
     url: str
     wrap: Callable[[bytes], bytes]
     valid: bytes
+    wrap_int: Callable[[bytes], bytes]
     latencies: list[float] = field(default_factory=list)
     valid_failed: int = 0
     bad_not_4xx: int = 0
     bad_sent: int = 0
-    reconnects: int = 0
+    reconnects: int = 0  # answers with "Connection: close"
+    dropped: int = 0  # connections reset or closed without an answer
     errors: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -86,15 +96,20 @@ def client_loop(target: Target, requests: int, offset: int) -> None:
                 detail = f"{response.status_code} {response.text[:120]}"
             except httpx.HTTPError as error:
                 ok, detail = False, f"{type(error).__name__}: {error}"
+                with target.lock:
+                    target.dropped += isinstance(error, httpx.TransportError)
             elapsed = time.perf_counter() - started
             name, value, headers = BAD_REQUESTS[(offset + number) % len(BAD_REQUESTS)]
             try:
-                bad = client.post(target.url, content=target.wrap(value), headers=headers)
+                body = target.wrap_int(value[4:]) if value.startswith(b"INT:") else target.wrap(value)
+                bad = client.post(target.url, content=body, headers=headers)
                 bad_ok = 400 <= bad.status_code < 500
                 closed = bad.headers.get("connection", "").lower() == "close"
                 bad_detail = f"{name}: {bad.status_code} {bad.text[:120]}"
             except httpx.HTTPError as error:
-                bad_ok, closed, bad_detail = False, True, f"{name}: {type(error).__name__}: {error}"
+                bad_ok, closed, bad_detail = False, False, f"{name}: {type(error).__name__}: {error}"
+                with target.lock:
+                    target.dropped += isinstance(error, httpx.TransportError)
             with target.lock:
                 if ok:
                     target.latencies.append(elapsed)
@@ -125,9 +140,38 @@ def run_load(target: Target, clients: int, requests: int, progress: Progress) ->
     return time.perf_counter() - started
 
 
+def head_of_line(url: str, big: dict[str, object], small: dict[str, object]) -> tuple[float, float, int, float]:
+    """The small request's latency alone, then sent 50 ms after ``big`` (on its own connection); and the big
+    request's status and duration."""
+    with httpx.Client(timeout=600.0) as client:
+        started = time.perf_counter()
+        client.post(url, json=small).raise_for_status()
+        alone = time.perf_counter() - started
+    outcome: dict[str, float] = {}
+
+    def send_big() -> None:
+        began = time.perf_counter()
+        with httpx.Client(timeout=600.0) as client:
+            outcome["status"] = client.post(url, json=big).status_code
+        outcome["seconds"] = time.perf_counter() - began
+
+    thread = threading.Thread(target=send_big)
+    thread.start()
+    time.sleep(0.05)
+    with httpx.Client(timeout=600.0) as client:
+        started = time.perf_counter()
+        client.post(url, json=small).raise_for_status()
+        behind = time.perf_counter() - started
+    thread.join()
+    return alone, behind, int(outcome["status"]), outcome["seconds"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--clients", type=int, default=32, help="clients of the retrieval server")
+    parser.add_argument("--serve-clients", type=int, default=16, help="clients of prorag serve")
+    parser.add_argument("--head-of-line", action="store_true",
+                        help="also measure a small request's wait behind a maximum-size one")
     parser.add_argument("--requests", type=int, default=20, help="valid requests per client (each with a bad one)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "data" / "08_reporting")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -138,48 +182,69 @@ def main(argv: list[str] | None = None) -> int:
     generator = TransformersGenerator(BUNDLED_TINY_LLAMA, batch_size=32)
     serve_url, stop_serve = serve_in_thread(create_app(generator, "tiny", max_batch_size=32, batch_wait_ms=5,
                                                        max_tokens_limit=8))
-    retriever = BM25Retriever.build(PassageStore(load_passages(CORPUS)[:500]))
-    retrieval = BackgroundServer(create_retrieval_app(retriever, max_topk=10)).start()
+    retriever = BM25Retriever.build(PassageStore(load_passages(CORPUS)))
+    retrieval = BackgroundServer(create_retrieval_app(retriever)).start()
     targets = [
         Target("prorag serve /v1/completions", f"{serve_url}/completions",
                lambda value: b'{"model": "tiny", "max_tokens": 2, "temperature": 0, "prompt": ' + value + b"}",
                json.dumps({"model": "tiny", "prompt": "The capital of France is", "max_tokens": 2,
-                           "temperature": 0}).encode()),
+                           "temperature": 0}).encode(),
+               lambda digits: b'{"model": "tiny", "prompt": "x", "max_tokens": ' + digits + b"}"),
         Target("retrieval server /retrieve", f"{retrieval.url}/retrieve",
                lambda value: b'{"topk": 3, "queries": [' + value + b"]}",
-               json.dumps({"queries": ["Who wrote Hamlet?"], "topk": 3}).encode()),
+               json.dumps({"queries": ["Who wrote Hamlet?"], "topk": 3}).encode(),
+               lambda digits: b'{"queries": ["x"], "topk": ' + digits + b"}"),
     ]
     rows, figures = [], {}
     try:
         with Progress(console=console, transient=True) as progress:
-            for target in targets:
-                seconds = run_load(target, args.clients, args.requests, progress)
-                valid = args.clients * args.requests
+            for target, clients in zip(targets, (args.serve_clients, args.clients), strict=True):
+                seconds = run_load(target, clients, args.requests, progress)
+                valid = clients * args.requests
                 p50, p99 = quantile(target.latencies, 0.5) * 1000, quantile(target.latencies, 0.99) * 1000
                 figures[target.name] = {
                     "valid_sent": valid, "valid_failed": target.valid_failed, "bad_sent": target.bad_sent,
                     "bad_not_4xx": target.bad_not_4xx, "connections_closed_by_server": target.reconnects,
+                    "connections_dropped": target.dropped,
                     "p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "seconds": round(seconds, 3),
                     "errors": target.errors[:10]}
-                rows.append(Row(target.name, f"{args.clients} clients, keep-alive", valid + target.bad_sent,
+                rows.append(Row(target.name, f"{clients} clients, keep-alive", valid + target.bad_sent,
                                 "requests", seconds,
                                 note=f"valid failed {target.valid_failed}/{valid}; bad not 4xx "
                                      f"{target.bad_not_4xx}/{target.bad_sent}; closed {target.reconnects}; "
+                                     f"dropped {target.dropped}; "
                                      f"valid p50 {p50:.1f} ms, p99 {p99:.1f} ms"))
+        if args.head_of_line:
+            for name, url, big, small in (
+                    ("retrieval server", f"{retrieval.url}/retrieve",
+                     {"queries": [f"{word} history of the world" for word in range(256)], "topk": 100},
+                     {"queries": ["Who wrote Hamlet?"], "topk": 3}),
+                    ("prorag serve", f"{serve_url}/completions",
+                     {"model": "tiny", "prompt": ["The capital of France is"] * 16, "n": 16, "max_tokens": 8,
+                      "temperature": 1.0},
+                     {"model": "tiny", "prompt": "Hello", "max_tokens": 2, "temperature": 0})):
+                alone, behind, big_status, big_seconds = head_of_line(url, big, small)
+                figures[f"head of line: {name}"] = {"small_alone_ms": round(alone * 1000, 1),
+                                                    "small_behind_max_ms": round(behind * 1000, 1),
+                                                    "max_request_status": big_status,
+                                                    "max_request_s": round(big_seconds, 2)}
+                rows.append(Row(f"head of line: {name}", "small request behind a maximum-size one", 1, "requests",
+                                behind, note=f"small alone {alone * 1000:.0f} ms, behind {behind * 1000:.0f} ms; "
+                                             f"maximum-size request {big_status} in {big_seconds:.1f} s"))
     finally:
         stop_serve()
         retrieval.stop()
     write_report(rows, name="server_load", heading="Server load with bad requests mixed in",
-                 title=f"{args.clients} loopback clients x {args.requests} valid + {args.requests} bad requests "
-                       "each, per server (2-core CPU)",
+                 title=f"{args.serve_clients} (serve) and {args.clients} (retrieval) loopback clients x "
+                       f"{args.requests} valid + {args.requests} bad requests each (2-core CPU)",
                  command=" ".join(["benchmarks/server_load.py", *(argv if argv is not None else sys.argv[1:])]),
                  output_dir=args.output_dir, console=console)
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2), encoding="utf-8")
-    failed = any(f["valid_failed"] or f["bad_not_4xx"] or f["connections_closed_by_server"]
-                 for f in figures.values())
+    failed = any(f.get("valid_failed") or f.get("bad_not_4xx") or f.get("connections_closed_by_server")
+                 or f.get("connections_dropped") for f in figures.values())
     for name, figure in figures.items():
-        for error in figure["errors"]:
+        for error in figure.get("errors", []):
             console.print(f"[red]{name}: {error}")
     return 1 if failed else 0
 

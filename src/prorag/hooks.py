@@ -7,7 +7,9 @@ import atexit
 import functools
 import json
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -38,7 +40,7 @@ from prorag.tracking import (
     redact_text,
 )
 from prorag.tracking.missing_inputs import PipelineShape, check_inputs_have_versions
-from prorag.tracking.run_manifest import RunManifest, RunManifests, choose_load_versions
+from prorag.tracking.run_manifest import RunManifest, RunManifests, choose_load_versions, process_alive
 from prorag.tracking.runs import (
     ADAPTER_TAG,
     BASE_MODEL_TAG,
@@ -65,6 +67,9 @@ logger = logging.getLogger(__name__)
 
 _MLFLOW_PARAM_VALUE_LIMIT = 6000
 _MLFLOW_BATCH = 100
+HOST_TAG = "prorag.host"
+PID_TAG = "prorag.pid"
+"""Tags of a parent run naming the process that runs it, so that the next run can mark it KILLED once it is gone."""
 RUN_MANIFEST_DIR = Path("data") / "runs"
 """Where run manifests live, relative to the project root (see :mod:`prorag.tracking.run_manifest`)."""
 
@@ -109,6 +114,9 @@ class ParameterValidationHook:
             parameters = context.config_loader["parameters"]  # raw, runtime parameters merged; not context.params
         except MissingConfigException:
             return
+        # the shared blocks first: a method entry merges them, so a typo there would be reported again per method
+        validate_parameters({key: value for key, value in parameters.items() if key != "methods"},
+                            all_parameter_schemas())
         validate_parameters(parameters, all_parameter_schemas())
         try:
             catalog = context.config_loader["catalog"]
@@ -150,6 +158,8 @@ class RunVersionHook:
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline, catalog: DataCatalog) -> None:
         project_path = Path(run_params.get("project_path") or Path.cwd())
         self._manifests = manifests = RunManifests(project_path / RUN_MANIFEST_DIR)
+        for run_id in manifests.mark_lost():
+            logger.warning("run %s was killed (its process is gone): its manifest now says killed", run_id)
         versioned = {name: dataset for name in sorted(pipeline.inputs())
                      if (dataset := _versioned(catalog, name)) is not None}
         # Kedro 1.7 has no public listing of a dataset's stored versions; _get_versions is its own (newest first).
@@ -293,17 +303,20 @@ class MlflowTrackingHook:
                                   log_system_metrics=self._settings.system_metrics)
         self._parent_id = parent.info.run_id
         self._run_active = True
+        self._mark_lost_runs()
         self._child_tags = {
             "kedro.session_id": run_params["run_id"],
             "kedro.pipeline": ",".join(pipeline_names),
             "kedro.env": run_params.get("env") or "local",
             "git.sha": git_sha(project_path) or "unknown",
         }
+        owner = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
         base_model = _parameter(parameters, "policy.model")
         if base_model is not None:
             self._child_tags[BASE_MODEL_TAG] = redact_text(str(base_model))
         mlflow.set_tags({
             **self._child_tags,
+            **owner,
             KIND_TAG: "pipeline",
             "kedro.version": str(run_params.get("kedro_version")),
             "kedro.runtime_params": json.dumps(redact(flatten(run_params.get("runtime_params") or {})),
@@ -315,6 +328,29 @@ class MlflowTrackingHook:
         if not self._exit_handler_installed:
             _on_termination(self._end_killed_run)
             self._exit_handler_installed = True
+
+    def _mark_lost_runs(self) -> None:
+        """End as KILLED the runs of this experiment still RUNNING whose process on this host is gone (SIGKILL
+        cannot be caught: such a run would stay RUNNING forever), with their open child runs."""
+        try:
+            runs = self._client.search_runs(
+                [self._experiment_id], f"attributes.status = 'RUNNING' and tags.{HOST_TAG} = '{socket.gethostname()}'",
+                max_results=200)
+            for run in runs:
+                pid = int(run.data.tags.get(PID_TAG, "0") or 0)
+                if run.info.run_id == self._parent_id or process_alive(pid):
+                    continue
+                children = self._client.search_runs(
+                    [self._experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}' and "
+                                           "attributes.status = 'RUNNING'", max_results=1000)
+                for child in children:
+                    self._client.set_terminated(child.info.run_id, status="KILLED")
+                self._client.set_tag(run.info.run_id, "error", f"the process {pid} on {socket.gethostname()} is gone "
+                                     f"(SIGKILL or a crash); marked KILLED by run {self._parent_id}")
+                self._client.set_terminated(run.info.run_id, status="KILLED")
+                logger.warning("MLflow run %s was killed (process %d is gone): marked KILLED", run.info.run_id, pid)
+        except Exception as error:  # tracking housekeeping never fails a run
+            logger.warning("MLflow: could not check for killed runs: %s", redact_text(str(error)))
 
     @property
     def _client(self) -> MlflowClient:

@@ -4,9 +4,13 @@ import os
 
 from prorag.config_loader import ProjectConfigLoader
 from prorag.hooks import MlflowTrackingHook, ParameterValidationHook, ResultScreenHook, RunVersionHook
+from prorag.redaction import install_log_redaction
 from prorag.tracking.timing import NodeTimingHook
 
 os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
+# Kedro has configured logging (conf/logging.yml) when it imports this module: every handler (the terminal,
+# info.log) now passes records through the one redaction of secrets (issue 32).
+install_log_redaction()
 
 # pluggy calls hooks last-registered first: RunVersionHook pins (or refuses) the inputs before an MLflow run opens;
 # ResultScreenHook prints the run's result after every other hook has ended.

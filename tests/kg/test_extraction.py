@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,17 @@ def test_a_sigkilled_run_resumes_without_repeating_a_finished_chunk(scripted, tm
     redone = {scripted.passage_of(prompt) for prompt in resumed.prompts}
     assert not redone & {f"text {p[1:]}" for p in finished}
     assert result.stats.chunks_from_cache == len(finished) and len(redone) == 40 - len(finished)
+
+
+def test_the_cache_is_keyed_by_endpoint_so_replies_of_one_server_are_not_reused_for_another(scripted, tmp_path):
+    from prorag.kg.params import ExtractionParams, ExtractorSpec
+
+    params = ExtractionParams(cache_path=str(tmp_path / "cache.jsonl"))
+    hostile = ExtractorSpec(model="m", backend="openai", base_url="http://127.0.0.1:1/v1", api_key_env="X")
+    good = hostile.model_copy(update={"base_url": "http://127.0.0.1:2/v1"})
+    first = scripted(lambda prompt: "Town 0 | is ruled by | Mallory")
+    extract_triplets(first, _chunks(1), replace(params.settings(hostile), show_progress=False))
+    second = scripted(lambda prompt: _reply(prompt, scripted.passage_of))
+    result = extract_triplets(second, _chunks(1), replace(params.settings(good), show_progress=False))
+    assert second.calls == 1 and result.stats.chunks_from_cache == 0
+    assert [t.tail for t in result.triplets] == ["river R0"]

@@ -86,3 +86,24 @@ def test_rl_policy_server_key(recording_server, planted_openai_key, monkeypatch)
     assert PolicyServer(root, "tiny").api_key() == "EMPTY"  # trl vllm-serve has no key: $OPENAI_API_KEY unused
     monkeypatch.setenv(NAMED, "named-server-key")
     assert PolicyServer(root, "tiny", api_key_env=NAMED).api_key() == "named-server-key"
+
+
+def test_the_openai_key_goes_only_to_openai(recording_server, planted_openai_key):
+    """Issue 32: the default ``api_key_env: OPENAI_API_KEY`` is paired with https://api.openai.com only; with any
+    other base_url it fails before a request, so the OpenAI key never reaches a self-hosted or foreign server."""
+    from prorag.llm.openai_backend import UnpairedApiKeyError, api_key_from_env
+
+    url, received = recording_server
+    received.clear()
+    with pytest.raises(UnpairedApiKeyError, match=r"api\.openai\.com"):
+        build_judge("llm", base_url=url, model="tiny", max_retries=0)  # api_key_env left at its default
+    with pytest.raises(UnpairedApiKeyError):
+        build_generator(BUNDLED_TINY_LLAMA, backend="openai", base_url=url)
+    with pytest.raises(UnpairedApiKeyError):
+        PolicyServer(url.removesuffix("/v1"), "tiny", api_key_env="OPENAI_API_KEY").api_key()
+    with pytest.raises(UnpairedApiKeyError):  # plain http, or a look-alike host, is not OpenAI's API either
+        api_key_from_env("OPENAI_API_KEY", endpoint="x", base_url="http://api.openai.com/v1")
+    with pytest.raises(UnpairedApiKeyError):
+        api_key_from_env("OPENAI_API_KEY", endpoint="x", base_url="https://api.openai.com.evil.example/v1")
+    assert api_key_from_env("OPENAI_API_KEY", endpoint="x", base_url="https://api.openai.com/v1") == PLANTED
+    assert received == []

@@ -1,4 +1,9 @@
-"""JSON Lines reading and writing that names the file and line of every bad record."""
+"""JSON Lines reading and writing that names the file and line of every bad record.
+
+A record is refused with its file and line when it is not UTF-8, not JSON, not an object, longer than
+:data:`MAX_RECORD_BYTES` (read from a file, a longer line is never read whole), nested deeper than Python's recursion
+limit, holds an integer over Python's 4,300-digit conversion limit, or a string with a lone surrogate (such a string
+cannot be saved or tokenized later)."""
 
 from __future__ import annotations
 
@@ -6,9 +11,12 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Final
 
 from prorag.errors import UserError
+
+MAX_RECORD_BYTES: Final = 64 << 20
+"""Longest JSONL record read (64 MiB; a passage is a few KB, a rollout with its token ids ~100 KB)."""
 
 
 class DataFileError(UserError, ValueError):
@@ -22,10 +30,12 @@ class DataFileError(UserError, ValueError):
         super().__init__(f"{where}: {message}")
 
 
-def parse_jsonl_lines(lines: Iterable[bytes], path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for every non-blank line of raw bytes; a line that is not UTF-8, not
-    JSON or not an object raises :class:`DataFileError` naming ``path`` and the line (numbered from 1)."""
-    for line_number, raw in enumerate(lines, start=1):
+def parse_jsonl_lines(lines: Iterable[bytes] | BinaryIO, path: str | os.PathLike[str], *,
+                      max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for every non-blank line of raw bytes (an open binary file is read line by
+    line up to ``max_record_bytes``); a bad record (see the module docstring) raises :class:`DataFileError` naming
+    ``path`` and the line (numbered from 1)."""
+    for line_number, raw in enumerate(_bounded(lines, path, max_record_bytes), start=1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:
@@ -38,9 +48,46 @@ def parse_jsonl_lines(lines: Iterable[bytes], path: str | os.PathLike[str]) -> I
         except json.JSONDecodeError as error:
             raise DataFileError(path, f"malformed JSON ({error.msg} at column {error.colno})",
                                 line_number) from error
+        except RecursionError:
+            raise DataFileError(path, "JSON nested too deeply", line_number) from None
+        except ValueError as error:  # an integer over the int-string conversion limit
+            raise DataFileError(path, f"unreadable JSON value: {error}", line_number) from None
         if not isinstance(record, dict):
             raise DataFileError(path, f"expected a JSON object, got {type(record).__name__}", line_number)
+        problem = _bad_string(record)
+        if problem is not None:
+            raise DataFileError(path, problem, line_number)
         yield line_number, record
+
+
+def _bounded(lines: Iterable[bytes] | BinaryIO, path: str | os.PathLike[str], limit: int) -> Iterator[bytes]:
+    """The lines, each at most ``limit`` bytes; a longer one is an error and is not read whole from a file."""
+    readline = getattr(lines, "readline", None)
+    source: Iterable[bytes] = iter(lambda: readline(limit + 1), b"") if readline is not None else lines
+    for number, raw in enumerate(source, start=1):
+        if len(raw.rstrip(b"\r\n")) > limit:
+            raise DataFileError(path, f"a record longer than {limit} bytes (MAX_RECORD_BYTES)", number)
+        yield raw
+
+
+def _bad_string(record: dict[str, Any]) -> str | None:
+    """Where a string (key or value) of ``record`` holds a lone surrogate, else None (walked without recursion)."""
+    stack: list[tuple[Any, str]] = [(record, "")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                return (f"field {where or '(top)'}: invalid Unicode (lone surrogate U+{ord(item[error.start]):04X} "
+                        f"at character {error.start})")
+        elif isinstance(item, dict):
+            for key, value in item.items():
+                stack.append((key, f"{where} key".strip()))
+                stack.append((value, f"{where}.{key}" if where else str(key)))
+        elif isinstance(item, list):
+            stack.extend((value, f"{where}[{index}]") for index, value in enumerate(item))
+    return None
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -29,6 +29,6 @@ def build_judge(kind: Literal["reference", "llm"], *, retriever: Retriever | Non
     if not base_url or not model:
         raise ValueError("an llm judge needs base_url and model")
     cache = JudgeCache(cache_path) if cache_path else None
-    api_key = api_key_from_env(api_key_env, endpoint=f"the judge at {base_url}")
+    api_key = api_key_from_env(api_key_env, endpoint=f"the judge at {base_url}", base_url=base_url)
     return LLMJudge(base_url, model, api_key, max_concurrency=max_concurrency, timeout=timeout,
                     max_retries=max_retries, temperature=temperature, cache=cache)

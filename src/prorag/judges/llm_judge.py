@@ -277,6 +277,10 @@ def _reply_text(response: object) -> tuple[str, str | None]:
         return "", f"malformed reply: not a chat completion: {str(shown)[:200]!r}"
     if content is not None and not isinstance(content, str):
         return "", f"malformed reply: message content is {type(content).__name__}, not text"
+    try:
+        (content or "").encode("utf-8")
+    except UnicodeEncodeError as error:  # neither parsable nor storable in the cache: unknown, never a verdict
+        return "", f"malformed reply: a lone surrogate U+{ord(content[error.start]):04X} at character {error.start}"
     return content or "", None
 
 

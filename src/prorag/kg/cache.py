@@ -1,4 +1,4 @@
-"""A crash-safe, append-only cache of extraction replies, keyed by (model, prompt, chunk hash).
+"""A crash-safe, append-only cache of extraction replies, keyed by (endpoint, model, prompt, chunk hash).
 
 One JSON object per line. Each finished batch is appended, flushed and fsync'ed before the next one starts, so a
 run killed at any moment loses at most the batch in flight; a line cut short by the kill is skipped (and
@@ -28,9 +28,10 @@ def chunk_hash(passage: Passage) -> str:
     return hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
-def cache_key(model: str, prompt: str, passage: Passage) -> str:
-    """The cache key of one extraction: model spec, prompt fingerprint and chunk hash."""
-    return hashlib.sha256(f"{model}\x00{prompt}\x00{chunk_hash(passage)}".encode()).hexdigest()
+def cache_key(model: str, prompt: str, passage: Passage, *, endpoint: str = "local") -> str:
+    """The cache key of one extraction: endpoint (a server's ``base_url``, ``"local"`` in-process), model spec,
+    prompt fingerprint and chunk hash: replies of one server are never reused for another."""
+    return hashlib.sha256(f"{endpoint}\x00{model}\x00{prompt}\x00{chunk_hash(passage)}".encode()).hexdigest()
 
 
 @dataclass(frozen=True)

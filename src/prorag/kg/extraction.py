@@ -29,12 +29,18 @@ logger = logging.getLogger(__name__)
 class ExtractionSettings:
     """How to extract.
 
-    ``model`` names the generator's model in the cache key (a different model re-extracts).
+    ``model`` and ``endpoint`` (the server's ``base_url``, or ``"local"`` for an in-process model) are part of the
+    cache key: another model, or the same model name behind another server, re-extracts.
     ``filter_ungrounded`` drops triplets whose head or tail does not occur in their chunk (they are counted
-    either way); on by default because small models invent entities.
+    either way); on by default because small models invent entities. The endpoint is not trusted: a reply longer
+    than ``max_reply_chars`` is cut there, and at most ``max_triplets_per_reply`` triplets are taken from one reply
+    (both counted in the stats).
     """
 
     model: str
+    endpoint: str = "local"
+    max_reply_chars: int = 16_384
+    max_triplets_per_reply: int = 64
     few_shot: bool = True
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -47,8 +53,8 @@ class ExtractionSettings:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("ExtractionSettings.model must name the model (it is part of the cache key)")
-        if self.batch_size < 1 or self.max_new_tokens < 1:
-            raise ValueError("batch_size and max_new_tokens must be >= 1")
+        if min(self.batch_size, self.max_new_tokens, self.max_reply_chars, self.max_triplets_per_reply) < 1:
+            raise ValueError("batch_size, max_new_tokens, max_reply_chars and max_triplets_per_reply must be >= 1")
 
     @property
     def prompt_id(self) -> str:
@@ -93,6 +99,8 @@ class ExtractionStats:
     completion_tokens: int = 0
     generation_seconds: float = 0.0
     corrupt_cache_lines: int = 0
+    oversized_replies: int = 0
+    triplets_over_cap: int = 0
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -129,7 +137,7 @@ def extract_triplets(generator: Generator, chunks: Sequence[Passage], settings: 
     cache = cache if cache is not None else ExtractionCache(settings.cache_path)
     prompt_id = settings.prompt_id
     unique = list({chunk.id: chunk for chunk in chunks}.values())
-    keys = {chunk.id: cache_key(settings.model, prompt_id, chunk) for chunk in unique}
+    keys = {chunk.id: cache_key(settings.model, prompt_id, chunk, endpoint=settings.endpoint) for chunk in unique}
     pending = [chunk for chunk in unique if keys[chunk.id] not in cache]
     stats = ExtractionStats(chunks=len(unique), chunks_from_cache=len(unique) - len(pending),
                             corrupt_cache_lines=cache.corrupt_lines)
@@ -149,6 +157,11 @@ def extract_triplets(generator: Generator, chunks: Sequence[Passage], settings: 
                 text = completion.text
                 if completion.stop and text.endswith(completion.stop):
                     text = text[: -len(completion.stop)]
+                if len(text) > settings.max_reply_chars:  # an endpoint that floods: keep what the cap allows
+                    logger.warning("extraction reply for chunk %s from %s has %d characters; cut at "
+                                   "max_reply_chars=%d", chunk.id, settings.endpoint, len(text),
+                                   settings.max_reply_chars)
+                    text = text[: settings.max_reply_chars]
                 replies.append(CachedReply(keys[chunk.id], chunk.id, settings.model, prompt_id, text,
                                            completion.prompt_tokens, completion.completion_tokens,
                                            completion.finish_reason))
@@ -169,12 +182,17 @@ def extract_triplets(generator: Generator, chunks: Sequence[Passage], settings: 
 
 def _collect(chunk: Passage, reply: CachedReply, settings: ExtractionSettings, result: ExtractionResult) -> None:
     stats = result.stats
-    parsed = parse_reply(reply.reply)
+    text = reply.reply
+    if len(text) > settings.max_reply_chars:  # a cache line written before the cap
+        text = text[: settings.max_reply_chars]
+    stats.oversized_replies += int(len(reply.reply) >= settings.max_reply_chars)
+    parsed = parse_reply(text)
     stats.unparsable_replies += int(parsed.unparsable)
     stats.malformed_lines += parsed.malformed
     stats.truncated_replies += int(reply.finish_reason == "length")
     contents = chunk.contents
-    for raw in parsed.triplets:
+    stats.triplets_over_cap += max(0, len(parsed.triplets) - settings.max_triplets_per_reply)
+    for raw in parsed.triplets[: settings.max_triplets_per_reply]:
         triplet = ExtractedTriplet(raw.head, raw.relation, raw.tail, chunk.id,
                                    is_grounded(raw.head, contents), is_grounded(raw.tail, contents))
         stats.triplets_parsed += 1

@@ -69,13 +69,20 @@ class ExtractionParams(StrictModel):
     filter_ungrounded: bool = True
     """Drop triplets whose head or tail is not in their chunk (counted either way); on for small models."""
     cache_path: str | None = "data/02_intermediate/kg_extraction_cache.jsonl"
-    """Append-only reply cache keyed by (model, prompt, chunk hash): re-runs extract only new chunks."""
+    """Append-only reply cache keyed by (endpoint, model, prompt, chunk hash): re-runs extract only new chunks."""
+    max_reply_chars: PositiveInt = 16_384
+    """A longer reply is cut here (an endpoint is not trusted; 128 new tokens are ~600 characters)."""
+    max_triplets_per_reply: PositiveInt = 64
+    """At most this many triplets are taken from one chunk's reply (the paper's chunks yield ~5-15)."""
 
-    def settings(self, model: str) -> ExtractionSettings:
-        """The library settings for extraction with ``model`` (the extractor spec's model)."""
-        return ExtractionSettings(model=model, few_shot=self.few_shot, max_new_tokens=self.max_new_tokens,
-                                  temperature=self.temperature, batch_size=self.chunks_per_batch,
-                                  filter_ungrounded=self.filter_ungrounded, cache_path=self.cache_path)
+    def settings(self, extractor: ExtractorSpec) -> ExtractionSettings:
+        """The library settings for extraction with ``extractor`` (its model, and its endpoint in the cache key)."""
+        endpoint = (extractor.base_url or "") if extractor.backend == "openai" else "local"
+        return ExtractionSettings(model=extractor.model, endpoint=endpoint, few_shot=self.few_shot,
+                                  max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                  batch_size=self.chunks_per_batch, filter_ungrounded=self.filter_ungrounded,
+                                  cache_path=self.cache_path, max_reply_chars=self.max_reply_chars,
+                                  max_triplets_per_reply=self.max_triplets_per_reply)
 
 
 class KagParams(StrictModel):

@@ -29,7 +29,7 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
             raise ValueError("backend 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
         if adapter:
             raise ValueError("an adapter is applied by the server for backend 'openai' (e.g. vLLM --lora-modules)")
-        api_key = api_key_from_env(api_key_env, endpoint=f"the policy at {base_url}")
+        api_key = api_key_from_env(api_key_env, endpoint=f"the policy at {base_url}", base_url=base_url)
         return OpenAICompatibleGenerator(base_url, model, api_key, mode=mode,
                                          max_concurrency=max_concurrency, timeout=timeout, tokenizer=model)
     if backend != "transformers":

@@ -11,6 +11,10 @@ Timeouts and retries are the client's own: each attempt is bounded by ``timeout`
 raises :class:`~prorag.llm.generation.GenerationTimeoutError` (timeouts) or
 :class:`~prorag.llm.generation.GenerationError` (anything else, including 4xx answers, never retried).
 
+A 200 reply that is no completion — an HTML page (a proxy's login page), fewer or more than ``n`` choices, a text
+holding a lone surrogate, ``token_ids`` that are not non-negative integers — raises
+:class:`~prorag.llm.generation.GenerationError` naming the endpoint, never a raw ``AttributeError``.
+
 Token ids: with ``return_token_ids=True`` (the default) the request carries vLLM's ``return_token_ids``
 extra field, and the server's ``token_ids`` / ``prompt_token_ids`` are used (vLLM ≥ 0.10.2 and
 ``prorag serve`` return them). When the server gives none (OpenAI's API: set ``return_token_ids=False``,
@@ -35,10 +39,12 @@ which reads the one variable a parameter names). It is never logged or shown in 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
+from urllib.parse import urlsplit
 
 import openai
 
@@ -70,15 +76,31 @@ class MissingApiKeyError(UserError, ValueError):
     """The environment variable a parameter names as holding the API key is not set."""
 
 
-def api_key_from_env(api_key_env: str | None, *, endpoint: str) -> str:
+OPENAI_KEY_ENV: Final = "OPENAI_API_KEY"
+"""The default ``api_key_env`` of the project's specs: the OpenAI key, paired with OpenAI's API only."""
+OPENAI_HOSTS: Final = frozenset({"api.openai.com"})
+"""Where the key of :data:`OPENAI_KEY_ENV` may go (over https)."""
+
+
+def api_key_from_env(api_key_env: str | None, *, endpoint: str, base_url: str | None = None) -> str:
     """The key held by the environment variable named ``api_key_env`` — that variable only.
 
     ``None`` means a keyless server (:data:`KEYLESS` is sent). A named variable that is unset or empty raises
     :class:`MissingApiKeyError` before any request, so no other key (e.g. ``$OPENAI_API_KEY``) can leak to
     ``endpoint``; set the variable to ``EMPTY`` to talk to a keyless local server under a named variable.
+
+    Pairing rule: ``OPENAI_API_KEY`` (the specs' default) is sent only to ``https://api.openai.com``. Any other
+    ``base_url`` with ``api_key_env: OPENAI_API_KEY`` raises :class:`UnpairedApiKeyError` before any request: name
+    a variable for that server (``VLLM_API_KEY``, ``JUDGE_API_KEY`` …), or ``null`` for a keyless one. Any other
+    variable is paired with the ``base_url`` configured beside it (docs/serving.md, "Keys").
     """
     if api_key_env is None:
         return KEYLESS
+    if api_key_env == OPENAI_KEY_ENV and base_url is not None and not _is_openai(base_url):
+        raise UnpairedApiKeyError(
+            f"api_key_env {OPENAI_KEY_ENV} is sent only to https://api.openai.com, not to {endpoint}: name the "
+            "environment variable that holds this server's key (e.g. api_key_env: VLLM_API_KEY), or set "
+            "api_key_env to null for a server without a key")
     value = os.environ.get(api_key_env, "").strip()
     if not value:
         raise MissingApiKeyError(
@@ -87,6 +109,14 @@ def api_key_from_env(api_key_env: str | None, *, endpoint: str) -> str:
             "for a server without a key; no other variable is ever read")
     return value
 
+
+class UnpairedApiKeyError(ValueError):
+    """The OpenAI key variable is configured for an endpoint that is not OpenAI's API."""
+
+
+def _is_openai(base_url: str) -> bool:
+    parts = urlsplit(base_url)
+    return parts.scheme == "https" and (parts.hostname or "").lower() in OPENAI_HOSTS
 
 
 class OpenAICompatibleGenerator:
@@ -227,11 +257,15 @@ class OpenAICompatibleGenerator:
         if params.logprobs:
             options["logprobs"] = 1
         response = await self._call("completions", options)
-        choices = sorted(response.choices, key=lambda choice: choice.index)
         completions = []
-        for choice in choices:
-            token_logprobs = choice.logprobs.token_logprobs if choice.logprobs is not None else None
-            completions.append(self._completion(choice, choice.text or "", token_logprobs, response, prompt, params))
+        for choice in self._choices(response, "completions", params.n):
+            try:
+                text = choice.text
+                token_logprobs = choice.logprobs.token_logprobs if choice.logprobs is not None else None
+            except AttributeError as error:
+                raise self._malformed("completions", f"a choice without {error.name}") from None
+            completions.append(self._completion(choice, self._text(text, "completions"), token_logprobs, response,
+                                                prompt, params, "completions"))
         return completions
 
     async def _chat(self, messages: list[dict[str, Any]], params: SamplingParams) -> list[Completion]:
@@ -240,14 +274,44 @@ class OpenAICompatibleGenerator:
         if params.logprobs:
             options["logprobs"] = True
         response = await self._call("chat", options)
-        choices = sorted(response.choices, key=lambda choice: choice.index)
         completions = []
-        for choice in choices:
-            content = choice.logprobs.content if choice.logprobs is not None else None
-            token_logprobs = [item.logprob for item in content] if content is not None else None
-            text = choice.message.content or ""
-            completions.append(self._completion(choice, text, token_logprobs, response, None, params))
+        for choice in self._choices(response, "chat", params.n):
+            try:
+                content = choice.logprobs.content if choice.logprobs is not None else None
+                token_logprobs = [item.logprob for item in content] if content is not None else None
+                text = choice.message.content
+            except (AttributeError, TypeError) as error:
+                raise self._malformed("chat", f"a choice without a message: {error}") from None
+            completions.append(self._completion(choice, self._text(text, "chat"), token_logprobs, response, None,
+                                                params, "chat"))
         return completions
+
+    def _malformed(self, endpoint: str, detail: str) -> GenerationError:
+        return GenerationError(f"{self.base_url} ({endpoint}) answered 200 with a malformed reply: {detail}")
+
+    def _choices(self, response: Any, endpoint: str, n: int) -> list[Any]:
+        """The reply's ``n`` choices in index order, or a :class:`GenerationError` naming the endpoint (an HTML page
+        comes back from the client as a plain string; garbage JSON as a completion without choices)."""
+        choices = getattr(response, "choices", None)
+        if not isinstance(choices, list):
+            shown = response if isinstance(response, str) else type(response).__name__
+            raise self._malformed(endpoint, f"not a completion: {str(shown)[:200]!r}")
+        if len(choices) != n or not all(isinstance(getattr(choice, "index", None), int) for choice in choices):
+            raise self._malformed(endpoint, f"{len(choices)} choices with indexes, expected n={n}")
+        return sorted(choices, key=lambda choice: choice.index)
+
+    def _text(self, text: Any, endpoint: str) -> str:
+        """A choice's text: a string that encodes as UTF-8 (a lone surrogate cannot be tokenized or saved)."""
+        if text is None:
+            return ""
+        if not isinstance(text, str):
+            raise self._malformed(endpoint, f"the text is {type(text).__name__}, not a string")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise self._malformed(endpoint, f"the text holds a lone surrogate U+{ord(text[error.start]):04X} at "
+                                            f"character {error.start}") from None
+        return text
 
     async def _call(self, endpoint: str, options: dict[str, Any]) -> Any:
         client, semaphore = self._session.client_and_semaphore()
@@ -268,7 +332,7 @@ class OpenAICompatibleGenerator:
                                       f"{_error_message(error)}") from error
 
     def _completion(self, choice: Any, text: str, token_logprobs: list[float | None] | None, response: Any,
-                    prompt: Prompt | None, params: SamplingParams) -> Completion:
+                    prompt: Prompt | None, params: SamplingParams, endpoint: str) -> Completion:
         extra = getattr(choice, "model_extra", None) or {}
         finish = "length" if choice.finish_reason == "length" else "stop"
         stop_reason = extra.get("stop_reason")
@@ -276,21 +340,29 @@ class OpenAICompatibleGenerator:
         if stop is not None and not text.endswith(stop):
             text += stop
         token_ids = extra.get("token_ids")
-        if not isinstance(token_ids, list):
+        if token_ids is None:
             token_ids = self._local_ids(text)
+        elif not isinstance(token_ids, list) or not all(isinstance(token, int) and not isinstance(token, bool)
+                                                        and token >= 0 for token in token_ids):
+            raise self._malformed(endpoint, f"token_ids must be a list of non-negative integers, got "
+                                            f"{json.dumps(token_ids, default=str)[:120]}")
         prompt_ids = extra.get("prompt_token_ids") or (getattr(response, "model_extra", None) or {}).get(
             "prompt_token_ids")
+        usage = getattr(response, "usage", None)
         if isinstance(prompt_ids, list):
             prompt_tokens = len(prompt_ids)
         elif isinstance(prompt, list):
             prompt_tokens = len(prompt)
-        elif response.usage is not None:
-            prompt_tokens = int(response.usage.prompt_tokens)
+        elif isinstance(getattr(usage, "prompt_tokens", None), int):
+            prompt_tokens = usage.prompt_tokens
         else:
             prompt_tokens = len(self._local_ids(prompt)) if isinstance(prompt, str) else 0
         logprobs = None
         if params.logprobs and token_logprobs is not None:
-            logprobs = [float(value) if value is not None else float("nan") for value in token_logprobs]
+            try:
+                logprobs = [float(value) if value is not None else float("nan") for value in token_logprobs]
+            except (TypeError, ValueError):
+                raise self._malformed(endpoint, "log-probabilities that are not numbers") from None
         return Completion(text=text, token_ids=[int(token) for token in token_ids], logprobs=logprobs,
                           finish_reason=finish, stop=stop, prompt_tokens=prompt_tokens)
 

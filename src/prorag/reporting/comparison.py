@@ -25,6 +25,7 @@ from prorag.metrics.compare import (
 from prorag.metrics.qa import bootstrap_interval
 from prorag.metrics.rollout import summarize_rollouts
 from prorag.protocol.registry import protocol_names
+from prorag.redaction import redact_text
 from prorag.reporting.cells import missing, percent, with_interval
 
 MACRO = "macro"
@@ -197,7 +198,7 @@ def render_report(inputs: ComparisonInputs, table: pd.DataFrame, tests: pd.DataF
               "`comparison_accuracy.png` (CEM per dataset with intervals), `comparison_efficiency.png` (CEM against "
               "output tokens and against retrievals: the efficiency frontier), `comparison_search.png` (OSR and USR "
               "per arm). They are attached to the MLflow run too.", ""]
-    return "\n".join(lines)
+    return redact_text("\n".join(lines))  # a judge's base_url may carry credentials
 
 
 def _tests_section(tests: pd.DataFrame, reference: str, pct: int) -> list[str]:

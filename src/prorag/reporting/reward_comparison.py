@@ -34,6 +34,7 @@ from prorag.agent.trajectory import Rollout
 from prorag.metrics.compare import paired_test, question_scores, questions_needed
 from prorag.metrics.qa import bootstrap_interval
 from prorag.metrics.search import search_behaviour
+from prorag.redaction import redact_text
 from prorag.reporting.cells import missing, percent, with_interval
 
 QUESTION_COLUMNS: Final = ("question_key", "dataset", "cem", "format_ok", "retrievals", "search_steps",
@@ -328,7 +329,7 @@ def render_report(rows: pd.DataFrame, tests: pd.DataFrame, *, title: str, settin
                   "Mean training reward, share of rollouts whose bonus fired and share of groups whose advantages "
                   "it changed, per step, one line per arm × seed.",
                   ""]
-    return "\n".join(lines)
+    return redact_text("\n".join(lines))  # settings may name endpoints with credentials
 
 
 def _budget_sentence(tests: pd.DataFrame) -> str:

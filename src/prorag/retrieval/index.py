@@ -10,6 +10,7 @@ Layout of an index directory::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -151,6 +152,14 @@ class RetrievalIndex:
     def retriever_kinds(self) -> tuple[str, ...]:
         """The kinds :meth:`retriever` can build now (the index's own and the registered ones)."""
         return tuple(self._retrievers)
+
+    def fingerprint(self) -> str:
+        """The version of this index as a short hash: its metadata (with its build time, so a re-index is a new
+        version) and its passage ids in order. What a cache of results computed over the index is keyed by."""
+        digest = hashlib.sha256(json.dumps(self.meta.to_dict(), sort_keys=True, default=str).encode("utf-8"))
+        for passage_id in self.store.ids:
+            digest.update(passage_id.encode("utf-8") + b"\x00")
+        return digest.hexdigest()[:16]
 
     def __len__(self) -> int:
         return len(self.store)

@@ -34,9 +34,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from prorag.redaction import install_log_redaction
 from prorag.retrieval.base import Hit, Retriever
 from prorag.serving.batching import MicroBatcher
 from prorag.serving.guard import (
+    BODY_TIMEOUT_S,
     LOOPBACK_HOSTS,
     BadRequestBody,
     allowed_hosts_for,
@@ -44,6 +46,7 @@ from prorag.serving.guard import (
     parse_json_body,
     restrict_hosts,
 )
+from prorag.serving.guard import read_body as read_guarded_body
 
 if TYPE_CHECKING:
     from prorag.retrieval.index import RetrievalIndex
@@ -182,17 +185,21 @@ def create_app(
     default_topk: int = 3,
     max_query_chars: int = 4096,
     max_body_bytes: int = 1 << 20,
+    body_timeout_s: float = BODY_TIMEOUT_S,
+    fair_share_queries: int = 32,
     batch_window_ms: float = 5.0,
     max_batch_queries: int = 512,
     info: dict[str, Any] | None = None,
     allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS,
 ) -> FastAPI:
     """The FastAPI app serving ``retriever`` (see the module docstring for the contract and limits);
-    ``allowed_hosts`` are the ``Host`` names answered (``None``: any, for a server bound to another interface)."""
+    ``allowed_hosts`` are the ``Host`` names answered (``None``: any, for a server bound to another interface).
+    A request of more than ``fair_share_queries`` queries is searched in shares of that size, so that it cannot
+    hold a small request behind it for its whole duration; the limits are listed in ``docs/serving.md``."""
     if not 1 <= default_topk <= max_topk:
         raise ValueError(f"need 1 <= default_topk <= max_topk, got {default_topk} and {max_topk}")
-    if max_queries < 1:
-        raise ValueError(f"max_queries must be >= 1, got {max_queries}")
+    if max_queries < 1 or fair_share_queries < 1:
+        raise ValueError(f"max_queries and fair_share_queries must be >= 1, got {max_queries}, {fair_share_queries}")
     batcher = SearchBatcher(
         retriever, window_s=batch_window_ms / 1000.0, max_batch_queries=max(max_batch_queries, max_queries)
     )
@@ -212,17 +219,10 @@ def create_app(
             check_content_type(request.headers.get("content-type"))
         except BadRequestBody as error:
             raise RequestError(error.status, error.message) from None
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            raise RequestError(413, f"request body of {declared} bytes exceeds the limit of {max_body_bytes} bytes")
-        chunks: list[bytes] = []
-        received = 0
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > max_body_bytes:
-                raise RequestError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            return await read_guarded_body(request, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
+        except BadRequestBody as error:
+            raise RequestError(error.status, error.message) from None
 
     def parse(body: bytes) -> RetrieveRequest:
         try:
@@ -260,8 +260,12 @@ def create_app(
     async def retrieve(request: Request) -> JSONResponse:
         body = parse(await read_body(request))
         k = body.topk or default_topk
+        results: list[list[Hit]] = []
         try:
-            results = await batcher.search(body.queries, k)
+            # Fairness: a large request is searched in shares of fair_share_queries, one after the other, so a
+            # request arriving meanwhile joins the next share's batch instead of waiting for the whole request.
+            for start in range(0, len(body.queries), fair_share_queries):
+                results += await batcher.search(body.queries[start:start + fair_share_queries], k)
         except Exception as error:
             return JSONResponse({"detail": f"retrieval failed: {type(error).__name__}: {error}"}, status_code=500)
         return JSONResponse(
@@ -389,6 +393,12 @@ def build_parser(extensions: Sequence[ServerExtension] = ()) -> argparse.Argumen
     parser.add_argument("--max-topk", type=int, default=100,
                         help="largest topk a request may ask (default: %(default)s)")
     parser.add_argument("--max-queries", type=int, default=256, help="most queries per request (default: %(default)s)")
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                        help="largest request body (default: %(default)s)")
+    parser.add_argument("--body-timeout-s", type=float, default=30.0,
+                        help="longest wait for the next chunk of a request body (default: %(default)s)")
+    parser.add_argument("--fair-share-queries", type=int, default=32,
+                        help="queries of one request searched at a time (default: %(default)s)")
     parser.add_argument("--batch-window-ms", type=float, default=5.0,
                         help="requests this close together are searched in one batch (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="FAISS OpenMP threads (default: all CPUs)")
@@ -413,6 +423,7 @@ def main(argv: Sequence[str] | None = None, extensions: Sequence[ServerExtension
 
     args = build_parser(extensions).parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
+    install_log_redaction()
     index = load_index_dir(
         args.index_dir,
         load_bm25=args.retriever != "dense",
@@ -433,6 +444,9 @@ def main(argv: Sequence[str] | None = None, extensions: Sequence[ServerExtension
         max_topk=args.max_topk,
         max_queries=args.max_queries,
         batch_window_ms=args.batch_window_ms,
+        max_body_bytes=args.max_body_bytes,
+        body_timeout_s=args.body_timeout_s,
+        fair_share_queries=args.fair_share_queries,
         info={"index_dir": str(args.index_dir), "retriever": args.retriever, **index.meta.to_dict()},
     )
 

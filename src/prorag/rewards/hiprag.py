@@ -96,8 +96,8 @@ def hierarchical_reward(answer_correct: bool | float, format_ok: bool | float, n
     f = _unit(format_ok, "format_ok")
     if not 0.0 <= lambda_f <= 1.0:
         raise ValueError(f"lambda_f must be in [0, 1], got {lambda_f}")
-    if not lambda_p >= 0.0:
-        raise ValueError(f"lambda_p must be >= 0, got {lambda_p}")
+    if not 0.0 <= lambda_p <= 1.0:  # above 1 the process bonus outweighs the answer itself (paper: 0.4)
+        raise ValueError(f"lambda_p must be in [0, 1], got {lambda_p}")
     n_steps, n_optimal = _count(n_steps, "n_steps"), _count(n_optimal, "n_optimal")
     process = 0.0
     if f > 0.0 and lambda_p > 0.0:
@@ -211,8 +211,9 @@ class HiPRAGSettings(RewardSettings):
     kind: Literal["hiprag"] = "hiprag"
     lambda_f: float = Field(default=0.2, ge=0, le=1)
     """Format weight λf."""
-    lambda_p: float = Field(default=0.4, ge=0)
-    """Process-bonus weight λp (0: the Search-R1 reward, with no detection)."""
+    lambda_p: float = Field(default=0.4, ge=0, le=1)
+    """Process-bonus weight λp in [0, 1] (0: the Search-R1 reward, with no detection; above 1 the bonus would outweigh
+    the answer)."""
     check: Literal["both", "over_only", "under_only"] = "both"
     """Which detector the bonus measures: both (the paper's reward), over_only or under_only (its ablations)."""
 

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from prorag.redaction import install_log_redaction
 from prorag.serving.app import DEFAULT_HOST
 
 logger = logging.getLogger("prorag.serving")
@@ -42,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest max_tokens a request may ask (default: %(default)s)")
     parser.add_argument("--default-max-tokens", type=int, default=None, help="default: min(256, limit)")
     parser.add_argument("--max-n", type=int, default=16, help="most completions per request (default: %(default)s)")
+    parser.add_argument("--max-request-sequences", type=int, default=256,
+                        help="most prompts x n per request (default: %(default)s, vLLM's max_num_seqs)")
+    parser.add_argument("--max-body-bytes", type=int, default=8 << 20,
+                        help="largest request body (default: %(default)s)")
+    parser.add_argument("--body-timeout-s", type=float, default=30.0,
+                        help="longest wait for the next chunk of a request body (default: %(default)s)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice; 1 is often faster on shared CPUs)")
     parser.add_argument("--api-key", default=None, help="require this bearer token (default: $PRORAG_SERVE_API_KEY)")
@@ -60,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
     api_key = args.api_key or os.environ.get("PRORAG_SERVE_API_KEY") or None
     if args.host not in _LOOPBACK:
         logger.warning("binding %s: the server is reachable from other machines%s", args.host,
@@ -73,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(generator, args.served_model_name or args.model, args.max_batch_size, args.batch_wait_ms,
                      api_key=api_key, max_tokens_limit=args.max_tokens_limit,
                      default_max_tokens=args.default_max_tokens, max_n=args.max_n,
+                     max_request_sequences=args.max_request_sequences, max_body_bytes=args.max_body_bytes,
+                     body_timeout_s=args.body_timeout_s,
                      allowed_hosts=allowed_hosts_for(args.host))
     logger.info("serving %s on http://%s:%d/v1%s", args.served_model_name or args.model, args.host, args.port,
                 " (API key required)" if api_key else "")

@@ -39,6 +39,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -56,13 +57,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from prorag.llm.generation import Completion, Generator, SamplingParams
 from prorag.llm.prefix_cache import GenerationStats
 from prorag.serving.batching import MicroBatcher
-from prorag.serving.guard import LOOPBACK_HOSTS, BadRequestBody, check_content_type, parse_json_body, restrict_hosts
+from prorag.serving.guard import (
+    BODY_TIMEOUT_S,
+    LOOPBACK_HOSTS,
+    BadRequestBody,
+    check_content_type,
+    parse_json_body,
+    read_body,
+    restrict_hosts,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _MAX_STOP_STRINGS = 16
+_PLACEHOLDER = re.compile("(\ue000\\d+\ue001)")
 
 
 class ApiError(Exception):
@@ -275,7 +285,9 @@ def _message_text(message: Any, position: int) -> dict[str, str]:
 def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, batch_wait_ms: float = 5, *,
                api_key: str | None = None, max_tokens_limit: int = 4096, default_max_tokens: int | None = None,
                max_n: int = 16, max_prompts: int = 64, context_window: int | None = None,
-               max_body_bytes: int = 8 << 20, allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS) -> FastAPI:
+               max_request_sequences: int = 256, max_body_bytes: int = 8 << 20,
+               body_timeout_s: float = BODY_TIMEOUT_S,
+               allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS) -> FastAPI:
     """The FastAPI app serving ``generator`` as ``model_name`` (see the module docstring for the contract).
 
     ``context_window`` bounds prompt + ``max_tokens`` (default: the model's ``max_position_embeddings`` when
@@ -299,6 +311,7 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
     vocab_size = int(getattr(generator, "vocab_size", len(tokenizer)))
     encode: Callable[[str], list[int]] = getattr(generator, "encode", None) or (
         lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    special_tokens = [token for token in getattr(tokenizer, "all_special_tokens", []) if token]
     stats = ServerStats(generation=getattr(generator, "stats", None))
     batcher = GenerationBatcher(generator, stats, max_batch_size=max_batch_size, batch_wait_s=batch_wait_ms / 1000.0)
     created = int(time.time())
@@ -332,12 +345,11 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
             check_content_type(request.headers.get("content-type"))
         except BadRequestBody as error:
             raise ApiError(error.status, error.message, code="unsupported_media_type") from None
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            raise ApiError(413, f"request body exceeds {max_body_bytes} bytes", code="request_too_large")
-        raw = await request.body()
-        if len(raw) > max_body_bytes:
-            raise ApiError(413, f"request body exceeds {max_body_bytes} bytes", code="request_too_large")
+        try:
+            raw = await read_body(request, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
+        except BadRequestBody as error:
+            raise ApiError(error.status, error.message,
+                           code="request_too_large" if error.status == 413 else "request_timeout") from None
         try:
             body = parse_json_body(raw)
         except BadRequestBody as error:
@@ -380,6 +392,31 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
             raise ApiError(400, f"{param} has no tokens", param=param, code="invalid_value")
         return ids
 
+    def template(conversation: list[dict[str, str]]) -> str:
+        try:
+            return generator.apply_chat_template(conversation)
+        except Exception as error:  # the template rejects the conversation (e.g. roles that must alternate)
+            raise ApiError(400, f"cannot apply the chat template: {error}", param="messages",
+                           code="invalid_value") from None
+
+    def encode_chat(conversation: list[dict[str, str]]) -> list[int]:
+        """The templated conversation's ids; the text of a message is data: a special token written in it
+        (``<|im_end|>``) is encoded as plain text, never as the token (a user cannot forge turns)."""
+        if not any(special in message["content"] for message in conversation for special in special_tokens):
+            return encode_text(template(conversation), "messages")
+        marks = [f"\ue000{index}\ue001" for index in range(len(conversation))]
+        rendered = template([{**message, "content": mark} for message, mark in zip(conversation, marks, strict=True)])
+        ids: list[int] = []
+        for piece in _PLACEHOLDER.split(rendered):
+            if _PLACEHOLDER.fullmatch(piece):
+                content = conversation[int(piece[1:-1])]["content"]
+                ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            elif piece:
+                ids += encode(piece)
+        if not ids:
+            raise ApiError(400, "messages has no tokens", param="messages", code="invalid_value")
+        return ids
+
     def parse_prompts(value: Any) -> list[list[int]]:
         if isinstance(value, str):
             return [encode_text(value, "prompt")]
@@ -405,10 +442,20 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
         return [list(ids) for ids in batch]
 
     async def run(prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        sequences = len(prompts) * params.n
+        if sequences > max_request_sequences:
+            raise ApiError(400, f"{len(prompts)} prompts x n={params.n} = {sequences} sequences exceed the limit of "
+                                f"{max_request_sequences} per request (max_request_sequences)", param="n",
+                           code="request_too_large")
         stats.requests += 1
         stats.prompts += len(prompts)
+        # Fairness: a request larger than one batch is served in batch-sized shares, one after the other, so a
+        # request arriving meanwhile joins the next share's batch instead of waiting for the whole request.
+        share = max(1, max_batch_size // params.n)
+        results: list[list[Completion]] = []
         try:
-            results = await batcher.submit(prompts, params)
+            for start in range(0, len(prompts), share):
+                results += await batcher.submit(prompts[start:start + share], params)
         except Exception as error:
             raise ApiError(500, f"generation failed: {type(error).__name__}: {error}", kind="server_error",
                            code="generation_failed") from error
@@ -520,12 +567,7 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "messages must be a non-empty list", param="messages", code="invalid_value")
         conversation = [_message_text(message, index) for index, message in enumerate(messages)]
-        try:
-            text = generator.apply_chat_template(conversation)
-        except Exception as error:  # the template rejects the conversation (e.g. roles that must alternate)
-            raise ApiError(400, f"cannot apply the chat template: {error}", param="messages",
-                           code="invalid_value") from None
-        prompts = [encode_text(text, "messages")]
+        prompts = [encode_chat(conversation)]
         max_tokens = _int_field(body, "max_completion_tokens", None, 1, max_tokens_limit)
         max_tokens = _int_field(body, "max_tokens", max_tokens, 1, max_tokens_limit)
         want_logprobs = _bool_field(body, "logprobs")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import re
@@ -15,19 +14,7 @@ from pydantic import BaseModel, Field
 
 from prorag.config import StrictModel, register_parameters
 
-# A key is secret-looking when a word of its last dotted part (words split at "_", "-" and camelCase) is one of
-# _SECRET_WORDS, or two adjacent words form one of _SECRET_PAIRS. "token" (singular) is a credential unless a
-# word of _TOKEN_NOT_SECRET qualifies it (pad_token_id); "tokens" is a budget (max_new_tokens, context_tokens).
-_SECRET_WORDS = frozenset({"token", "secret", "secrets", "password", "passwd", "pwd", "passphrase", "credential",
-                           "credentials", "creds", "authorization", "apikey", "bearer", "cookie", "signature"})
-_SECRET_PAIRS = frozenset({("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"),
-                           ("client", "secret"), ("session", "key"), ("auth", "header")})
-_TOKEN_NOT_SECRET = frozenset({"id", "ids", "budget", "limit", "count", "length", "len", "size", "type",
-                               "index", "str", "string", "text"})
-_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/@?#]+)@")
 _METRIC_KEY_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
-REDACTED = "***"
 DEFAULT_INPUT_DATASETS = ("questions", "passages", "index_questions", "index_passages", "rollout_questions",
                           "rl_questions")
 
@@ -75,42 +62,6 @@ def flatten(values: Mapping[str, Any] | BaseModel, prefix: str = "", separator: 
         else:
             flat[name] = value
     return flat
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a (dotted) parameter name looks like it holds a credential: ``judge.api_key``, ``AUTH_TOKEN``,
-    ``hf_token``, ``db.password``, ``clientSecret`` are; ``max_new_tokens``, ``context_tokens``,
-    ``pad_token_id``, ``api_key_env`` (the *name* of a variable) and ``tokenizer`` are not."""
-    words = [word.lower() for word in _WORD_SPLIT.split(str(key).rsplit(".", 1)[-1]) if word]
-    if words[-1:] == ["env"]:  # api_key_env names the variable that holds the key, not the key
-        return False
-    if "token" in words and not _TOKEN_NOT_SECRET.intersection(words):
-        return True
-    if any(word in _SECRET_WORDS and word != "token" for word in words):
-        return True
-    return any(pair in _SECRET_PAIRS for pair in itertools.pairwise(words))
-
-
-def redact_text(text: str) -> str:
-    """``text`` with the userinfo of every URL in it hidden: ``http://user:secret@host`` → ``http://***@host``."""
-    return _URL_USERINFO.sub(lambda match: f"{match['scheme']}{REDACTED}@", text)
-
-
-def redact_value(value: Any) -> Any:
-    """:func:`redact_text` applied to a string, or to every string inside lists, tuples and mappings."""
-    if isinstance(value, str):
-        return redact_text(value)
-    if isinstance(value, Mapping):
-        return {key: REDACTED if is_secret_key(str(key)) else redact_value(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact_value(item) for item in value]
-    return value
-
-
-def redact(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Hide secrets before they reach MLflow: the value of every secret-looking key (:func:`is_secret_key`), and
-    the userinfo of URLs inside any other value (:func:`redact_text`). Token budgets stay visible."""
-    return {key: REDACTED if is_secret_key(key) else redact_value(value) for key, value in values.items()}
 
 
 def sanitize_metric_key(key: str) -> str:

@@ -2,8 +2,9 @@
 come from completed runs and belong together (issue 11, item 3). Kedro-free; :mod:`prorag.hooks` applies it.
 
 A versioned dataset's version is the id of the session that saved it. Each run writes
-``<directory>/<run id>.json`` when it starts (status ``running``), and rewrites it when it ends: ``completed``,
-``failed``, or ``killed`` (SIGTERM, Ctrl-C). A run killed with SIGKILL stays ``running`` — also not completed.
+``<directory>/<run id>.json`` when it starts (status ``running``, with its host and process id), and rewrites it
+when it ends: ``completed``, ``failed``, or ``killed`` (SIGTERM, Ctrl-C). A run killed with SIGKILL cannot write its
+end: the next run on the same host marks it ``killed`` when its process is gone (:meth:`RunManifests.mark_lost`).
 
 :func:`choose_load_versions` picks, for each versioned input, the newest version whose run *completed* (a version
 without any manifest, written before manifests existed, counts as completed), instead of Kedro's newest version
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,6 +50,8 @@ class RunManifest:
     finished_at: float | None = None
     loaded: dict[str, str] = field(default_factory=dict)
     saved: dict[str, str] = field(default_factory=dict)
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
 
 
 class RunManifests:
@@ -84,6 +88,19 @@ class RunManifests:
             self._cache[run_id] = manifest
         return self._cache[run_id]
 
+    def mark_lost(self) -> list[str]:
+        """Mark ``killed`` every ``running`` manifest of this host whose process is gone (SIGKILL, a crash of the
+        machine's runner); returns their run ids."""
+        lost = []
+        for path in sorted(self.directory.glob("*.json")) if self.directory.is_dir() else []:
+            manifest = self.read(path.stem)
+            if manifest is not None and manifest.status == "running" and manifest.host == socket.gethostname() \
+                    and not process_alive(manifest.pid):
+                manifest.status = "killed"
+                self.write(manifest)
+                lost.append(manifest.run_id)
+        return lost
+
     def usable(self, version: str) -> bool:
         """Whether a dataset version may be loaded by default: its run completed, or it predates manifests."""
         manifest = self.read(version)
@@ -102,6 +119,19 @@ class RunManifests:
             if manifest is not None:
                 pending.extend(manifest.loaded.items())
         return result
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (a pid of 0 or less, unknown: assumed alive)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def choose_load_versions(available: Mapping[str, Sequence[str]], manifests: RunManifests,

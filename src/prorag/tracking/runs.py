@@ -31,7 +31,7 @@ from mlflow.entities import DatasetInput, InputTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from prorag.tracking.mlflow_utils import redact_text
+from prorag.redaction import redact_text
 
 KIND_TAG: Final = "prorag.kind"
 STAGE_TAG: Final = "prorag.stage"

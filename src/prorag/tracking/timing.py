@@ -4,14 +4,18 @@
 (:data:`prorag.llm.prefix_cache.PROCESS_GENERATION_STATS`: prefill, KV-reused and decoded tokens of every
 in-process generator, so the rollout, RL and evaluation nodes show prefill vs decode and the cache hit rate).
 At the end of the run (or on failure, with the nodes that finished) it writes
-``data/08_reporting/node_timing.csv`` and ``.md`` and, when an MLflow run is open, logs both as artifacts and
-each node's numbers as ``node_timing.<node>.<column>`` metrics, ``<node>`` being the node's full, namespaced name
-(``node_timing.rl.train_rl.seconds``).
+``data/08_reporting/node_timing/<run id>.csv`` and ``.md`` (one pair per run: concurrent runs never overwrite each
+other's) and replaces ``data/08_reporting/node_timing.csv`` and ``.md`` atomically with them (the latest run's), and,
+when an MLflow run is open, logs the table as ``reporting/node_timing/node_timing.csv`` / ``.md`` artifacts and each
+node's numbers as ``node_timing.<node>.<column>`` metrics, ``<node>`` being the node's full, namespaced name
+(``node_timing.rl.train_rl.seconds``). The table is a report: failing to write or log it (a full disk, a read-only
+folder) is a warning and never changes the run's status, which is what happened to its nodes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +51,7 @@ class NodeTimingHook:
         self._run_started = 0.0
         self._output_dir = REPORT_DIR
         self._log_artifacts = True
+        self._run_id = "run"
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict[str, Any], catalog: Any) -> None:  # no default: pluggy passes none
@@ -54,6 +59,7 @@ class NodeTimingHook:
         self._started = {}
         self._run_started = time.perf_counter()
         self._output_dir = Path(run_params.get("project_path") or Path.cwd()) / REPORT_DIR
+        self._run_id = str(run_params.get("run_id") or f"run-{os.getpid()}").replace("/", "_")
         tracking = catalog.load("parameters").get("tracking") if catalog is not None and "parameters" in catalog \
             else None
         try:  # the tracking hook's switch for artifacts (it reports a bad ``tracking`` block itself)
@@ -109,24 +115,41 @@ class NodeTimingHook:
         return pd.concat([frame, pd.DataFrame([total])], ignore_index=True)
 
     def _write(self, status: str) -> None:
+        try:
+            self._write_and_log(status)
+        except Exception as error:  # a report: the run's outputs are saved, its status stays what its nodes did
+            logger.warning("per-node timing not written or logged (%s: %s); the run is %s", type(error).__name__,
+                           error, status)
+
+    def _write_and_log(self, status: str) -> None:
         frame = self.table()
         if frame.empty:
             return
-        self._output_dir.mkdir(parents=True, exist_ok=True)
-        csv_path = self._output_dir / f"{REPORT_NAME}.csv"
-        markdown_path = self._output_dir / f"{REPORT_NAME}.md"
-        frame.to_csv(csv_path, index=False)
-        markdown_path.write_text(f"# Per-node timing ({status} run)\n\n{_markdown(frame)}\n", encoding="utf-8")
-        logger.info("per-node timing written to %s", csv_path)
-        if mlflow.active_run() is None:
-            return
-        if self._log_artifacts:
-            for path in (csv_path, markdown_path):  # the tracking hook's layout for 08_reporting files
-                mlflow.log_artifact(str(path), artifact_path=f"reporting/{REPORT_NAME}")
-        numbers = {str(row["node"]): {key: value for key, value in row.items() if key not in ("node",)}
-                   for row in frame.to_dict("records")}
-        for key, value, _ in metric_series(f"{REPORT_NAME}_metrics", numbers):
-            mlflow.log_metric(key, value)
+        csv_text = frame.to_csv(index=False)
+        markdown_text = f"# Per-node timing ({status} run)\n\n{_markdown(frame)}\n"
+        try:
+            self._write_files(csv_text, markdown_text)
+        finally:  # MLflow gets the table even when the folder cannot be written
+            if mlflow.active_run() is not None:
+                if self._log_artifacts:  # the tracking hook's layout for 08_reporting files
+                    mlflow.log_text(csv_text, f"reporting/{REPORT_NAME}/{REPORT_NAME}.csv")
+                    mlflow.log_text(markdown_text, f"reporting/{REPORT_NAME}/{REPORT_NAME}.md")
+                numbers = {str(row["node"]): {key: value for key, value in row.items() if key not in ("node",)}
+                           for row in frame.to_dict("records")}
+                for key, value, _ in metric_series(f"{REPORT_NAME}_metrics", numbers):
+                    mlflow.log_metric(key, value)
+
+    def _write_files(self, csv_text: str, markdown_text: str) -> None:
+        """This run's pair under ``node_timing/``, then the latest pair replaced atomically."""
+        run_dir = self._output_dir / REPORT_NAME
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for suffix, text in ((".csv", csv_text), (".md", markdown_text)):
+            (run_dir / f"{self._run_id}{suffix}").write_text(text, encoding="utf-8")
+            latest = self._output_dir / f"{REPORT_NAME}{suffix}"
+            temporary = latest.with_name(f".{latest.name}.tmp-{os.getpid()}")
+            temporary.write_text(text, encoding="utf-8")
+            temporary.replace(latest)
+        logger.info("per-node timing written to %s", self._output_dir / f"{REPORT_NAME}.csv")
 
 
 def _markdown(frame: pd.DataFrame) -> str:

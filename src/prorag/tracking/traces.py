@@ -24,6 +24,8 @@ import mlflow
 from mlflow.entities import AssessmentError, AssessmentSource, SpanType
 from mlflow.tracing.constant import TraceMetadataKey
 
+from prorag.redaction import redact_text, redact_value
+
 JUDGE_SOURCE: Final = "prorag.reward_judging"
 TIMING_NOTE: Final = "apportioned by token counts within the node's wall time; turns are not clocked"
 _RECORDED_TIMING_NOTE: Final = "not known: rollouts loaded from an earlier run"
@@ -91,6 +93,7 @@ def log_rollout_trace(record: Mapping[str, Any], *, experiment_id: str, run_id: 
                       tags: Mapping[str, str] | None = None, measured: bool = True) -> TraceRef:
     """Log one finished rollout as a trace of run ``run_id`` (see the module docstring) between ``start_ns`` and
     ``end_ns``; ``measured`` False: the window is not the rollout's (no note of apportioned timing)."""
+    record = redact_value(dict(record))  # what a trace shows passes the one redaction
     method, question_key, sample_index = rollout_key(record)
     plan = _span_plan(record)
     root = mlflow.start_span_no_context(
@@ -155,7 +158,7 @@ def log_verdicts(ref: TraceRef, verdict: Mapping[str, Any], steps: Sequence[Mapp
         position = search_number.get(index, -1)
         span_id = ref.search_span_ids[position] if kind == "search" and 0 <= position < len(ref.search_span_ids) \
             else None
-        rationale = step.get("judge_raw") or None
+        rationale = redact_text(step["judge_raw"]) if step.get("judge_raw") else None
         if kind == "search" and step.get("reask_answer"):
             rationale = f"re-asked answer: {step['reask_answer']}" + (f"\njudge: {rationale}" if rationale else "")
         mlflow.log_feedback(

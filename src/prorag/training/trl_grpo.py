@@ -92,7 +92,7 @@ class PolicyServer:
 
     def api_key(self) -> str:
         """The key to send (see the class docstring)."""
-        return api_key_from_env(self.api_key_env, endpoint=f"the policy server at {self.root}")
+        return api_key_from_env(self.api_key_env, endpoint=f"the policy server at {self.root}", base_url=self.root)
 
     @property
     def root(self) -> str:

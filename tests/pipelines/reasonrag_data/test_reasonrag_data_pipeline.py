@@ -53,3 +53,17 @@ def test_mcts_node_writes_resumable_trees_and_a_report(questions, index, tmp_pat
     assert metrics["questions"] == 2 and metrics["pairs"] == len(pairs)
     assert {"nodes", "pairs_per_question", "mean_depth", "invalid_samples"} <= set(metrics)
     assert report["metrics"] == metrics
+
+
+def test_trees_searched_over_an_older_index_are_not_resumed_after_a_reindex(questions, index, tmp_path):
+    from prorag.retrieval import build_retrieval_index
+
+    params = _params(tmp_path, iterations=1, max_children=1, max_new_tokens=2)
+    policy = PolicySpec(model=BUNDLED_TINY_LLAMA, batch_size=8)
+    agent = TrainedAgentSpec(name="reasonrag_agent", protocol="reasonrag")
+    selected = select_reasonrag_questions(questions, [], params)[:1]
+    run_reasonrag_mcts(selected, index, params, policy, agent)
+    corpus = list(index.store)[:-3]  # re-index a different corpus slice
+    reindexed = build_retrieval_index(corpus, "hashing:64", show_progress=False)
+    run_reasonrag_mcts(selected, reindexed, params, policy, agent)
+    assert len(list((tmp_path / "mcts").glob("*.jsonl"))) == 2  # new trees, not the old index's resumed

@@ -51,7 +51,7 @@ def extract_kg_triplets(chunk_records: list[dict[str, Any]],
                         params: KgExtractionParams) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Triplets of every chunk (cached per model/prompt/chunk, so re-runs extract only new chunks) and counts."""
     spec, extraction = params.extractor, params.extraction
-    settings = extraction.settings(spec.model)
+    settings = extraction.settings(spec)
     result = extract_triplets(spec.build(), [Passage.from_dict(record) for record in chunk_records], settings)
     stats = {**result.stats.to_dict(), "model": spec.model, "backend": spec.backend, "prompt_id": settings.prompt_id,
              "filter_ungrounded": extraction.filter_ungrounded}

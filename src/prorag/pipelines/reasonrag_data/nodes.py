@@ -45,7 +45,9 @@ def run_reasonrag_mcts(question_records: list[dict[str, Any]], index: RetrievalI
     ReasonRAG agent's (``agent.few_shot``), the one its DPO policy is later rolled out with.
 
     Finished questions are appended to ``<work_dir>/<fingerprint>.jsonl`` as they finish; re-running the same
-    settings after a crash resumes there and never searches a finished question again.
+    settings over the same inputs after a crash resumes there and never searches a finished question again. The
+    fingerprint covers every input the trees depend on (:func:`mcts_fingerprint`): a re-index, other question texts
+    or another explorer start new trees.
     """
     if agent.protocol != "reasonrag":
         raise ValueError(f"the ReasonRAG method's agent.protocol must be 'reasonrag', got {agent.protocol!r} "
@@ -63,16 +65,20 @@ def run_reasonrag_mcts(question_records: list[dict[str, Any]], index: RetrievalI
                             f1_threshold=spec.f1_threshold, grounding_threshold=spec.grounding_threshold,
                             top_k=spec.top_k)
     config = params.mcts.model_copy(update={"top_k": params.retriever.top_k, "few_shot": agent.few_shot})
-    fingerprint = mcts_fingerprint(params.model_copy(update={"mcts": config}), explorer, questions)
+    fingerprint = mcts_fingerprint(params.model_copy(update={"mcts": config}), explorer, questions, index)
     results = Path(params.work_dir) / f"{fingerprint}.jsonl"
     return run_mcts(build_policy(explorer), retriever, questions, config, results, judge=judge)
 
 
-def mcts_fingerprint(params: ReasonRAGDataParams, policy: PolicySpec, questions: list[Question]) -> str:
-    """A short hash of everything that shapes the trees (settings, explorer, retriever, question keys)."""
+def mcts_fingerprint(params: ReasonRAGDataParams, policy: PolicySpec, questions: list[Question],
+                     index: RetrievalIndex) -> str:
+    """A short hash of everything that shapes the trees: settings, explorer, retriever, judge, the questions (whole
+    records: an edited question or gold answer is another question) and the index's version (its metadata, with its
+    build time, and its passage ids), so trees searched over an older index are never resumed."""
     payload = json.dumps({"mcts": params.mcts.model_dump(), "policy": policy.model_dump(),
                           "retriever": params.retriever.model_dump(), "judge": params.judge.model_dump(),
-                          "questions": [question.key for question in questions]}, sort_keys=True)
+                          "questions": [question.to_dict() for question in questions],
+                          "index": index.fingerprint()}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

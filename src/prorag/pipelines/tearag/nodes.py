@@ -9,11 +9,10 @@ from typing import Any
 from prorag.agent import build_runner, record_policy
 from prorag.assembly import build_policy
 from prorag.data import Question, require_train_split, select_questions
-from prorag.kg.extraction import ExtractionSettings, extract_triplets
+from prorag.kg.extraction import extract_triplets
 from prorag.kg.graph import KnowledgeGraph
 from prorag.kg.kag import attach_knowledge_graph
 from prorag.kg.params import KgExtractionParams
-from prorag.llm.factory import build_generator
 from prorag.llm.registry import load_tokenizer
 from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.retrieval import RetrievalIndex
@@ -79,14 +78,7 @@ def build_sft_data(question_records: list[dict[str, Any]], eval_records: list[di
     questions = select_sft_data_questions(question_records, eval_records, params)
     paragraphs = list({p.id: p for q in questions for p in golden_paragraphs(q)}.values())
     spec, extraction = kg.extractor, kg.extraction
-    generator = build_generator(spec.model, backend=spec.backend, dtype=spec.dtype, batch_size=spec.batch_size,
-                                base_url=spec.base_url, api_key_env=spec.api_key_env, mode=spec.mode,
-                                max_concurrency=spec.max_concurrency, timeout=spec.timeout)
-    settings = ExtractionSettings(model=spec.model, few_shot=extraction.few_shot,
-                                  max_new_tokens=extraction.max_new_tokens, temperature=extraction.temperature,
-                                  batch_size=extraction.chunks_per_batch,
-                                  filter_ungrounded=extraction.filter_ungrounded, cache_path=extraction.cache_path)
-    result = extract_triplets(generator, paragraphs, settings)
+    result = extract_triplets(spec.build(), paragraphs, extraction.settings(spec))
     examples, skipped = build_tearag_sft_data(
         questions, group_triplets(result.triplets),
         SFTDataSettings(extra_triplets=selection.extra_triplets, distractors=selection.distractors,
