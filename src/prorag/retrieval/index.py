@@ -423,7 +423,7 @@ def build_retrieval_index_at_scale(
         check_index_cost(cost, root, already_on_disk=len(done) * shard_size * dim * (2 if fp16 else 4))
     paths = embed_store(store, embeddings_dir, embedder=embedder, spec=embedder_spec,
                         embedder_options={key: value for key, value in options.items() if key != "show_progress"},
-                        devices=devices, shard_size=shard_size, dtype=dtype)
+                        devices=devices, shard_size=shard_size, dtype=dtype, described=described)
     builder = DenseIndexBuilder(dim, config)
     for path in paths:
         builder.add_file(path)

@@ -142,12 +142,15 @@ def embed_store(
     shard_size: int = 65_536,
     dtype: str = "float32",
     log_every_s: float = 30.0,
+    described: dict[str, Any] | None = None,
 ) -> list[Path]:
     """Embed every row of ``store`` into resumable shards under ``directory``; returns the shard paths in order.
 
     One device (or an ``embedder`` given): in this process. Several ``devices`` (``["cuda:0", "cuda:1"]``): one
     spawned process per device, each loading ``spec`` there and taking every n-th missing shard; ``store``
-    must then be a :class:`DiskPassageStore` (the workers open it by path).
+    must then be a :class:`DiskPassageStore` (the workers open it by path). ``described`` (an embedder's
+    :meth:`~prorag.retrieval.embedder.Embedder.describe`) identifies the model in the manifest when none is loaded
+    here, so a one-device rerun of a several-device run resumes it.
     """
     if dtype not in ("float16", "float32"):
         raise ValueError(f"shard dtype must be float16 or float32, got {dtype!r}")
@@ -159,8 +162,10 @@ def embed_store(
     devices = list(devices or [])
     if embedder is None and len(devices) <= 1:
         embedder = load_embedder(spec or "", device=devices[0] if devices else None, **options)
-    described = embedder.describe() if embedder is not None else {"embedder_spec": spec, **{
-        key: options.get(key) for key in ("query_prefix", "passage_prefix")}}
+    if embedder is not None:
+        described = embedder.describe()
+    elif described is None:
+        described = {"embedder_spec": spec, **{key: options.get(key) for key in ("query_prefix", "passage_prefix")}}
     root = Path(directory)
     manifest = {**described, "shard_size": shard_size, "count": len(store), "dtype": dtype,
                 "store": store_fingerprint(store)}
