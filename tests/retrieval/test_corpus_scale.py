@@ -291,3 +291,16 @@ def test_prebuilt_flat_index_and_corpus_used_as_they_are(tmp_path):
     loaded = load_index_dir(saved)
     hit = loaded.dense.search([lines[42]["contents"]], 1)[0][0]
     assert (hit.id, hit.title) == ("42", '"Title 42"')
+
+
+def test_several_devices_embed_in_one_process_each_and_resume_alike(hotpot_passages, tmp_path):
+    store = ingest_passages(((str(i), p) for i, p in enumerate(hotpot_passages[:90])), tmp_path / "p.jsonl")
+    probe = HashingEmbedder(32, show_progress=False)
+    paths = embed_store(store, tmp_path / "e", spec="hashing:32", devices=["cpu", "cpu"], shard_size=20,
+                        described=probe.describe(), log_every_s=0.2)
+    assert len(paths) == 5 and all(path.is_file() for path in paths)
+    np.testing.assert_allclose(np.concatenate([np.load(path) for path in paths]), probe.encode_passages(list(store)),
+                               atol=1e-6)
+    paths[2].unlink()
+    embed_store(store, tmp_path / "e", embedder=probe, shard_size=20)  # one device resumes the two-device run
+    assert paths[2].is_file()
