@@ -107,7 +107,7 @@ def child_build(args: dict) -> dict:
 
     count = args["count"]
     vectors = synthetic(count, seed=1)
-    config = DenseIndexConfig(index_type=args["kind"], nprobe=args.get("nprobe", 32),
+    config = DenseIndexConfig(index_type=args["kind"], nprobe=args.get("nprobe", 32), train_size=args.get("train_size"),
                               ef_search=args.get("ef_search", 64), hnsw_m=args.get("hnsw_m", 32))
     start = time.perf_counter()
     builder = DenseIndexBuilder(DIM, config, spill_dir=args["spill"])
@@ -216,6 +216,7 @@ def main() -> None:
     parser.add_argument("--hnsw-max", type=int, default=1_000_000, help="largest size HNSW is built at")
     parser.add_argument("--embed-passages", type=int, default=100_000)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--train-size", type=int, default=None, help="IVF-PQ training vectors (null: automatic)")
     parser.add_argument("--work", type=Path, default=ROOT / "data" / "07_model_output" / "corpus_scale")
     parser.add_argument("--output", type=Path, default=ROOT / "data" / "08_reporting")
     args = parser.parse_args()
@@ -253,7 +254,8 @@ def main() -> None:
             if kind == "hnsw" and size > args.hnsw_max:
                 continue
             path = args.work / f"{kind}-{size}.index"
-            built = run_child("build", kind=kind, count=size, path=str(path), spill=str(args.work))
+            built = run_child("build", kind=kind, count=size, path=str(path), spill=str(args.work),
+                              train_size=args.train_size)
             served = run_child("serve", kind=kind, path=str(path), count=size,
                                truth=str(truth) if kind != "flat" else "", truth_out=str(truth))
             add("index", size, kind, seconds=round(built["seconds"], 1), rate=round(size / built["seconds"]),
@@ -263,10 +265,11 @@ def main() -> None:
                 p99_ms_b32=round(served["p99_ms_b32"], 3), recall10=round(served["recall10"], 4),
                 note=f"synthetic d={DIM}; build RSS includes the {built['vectors_mb']:.0f} MiB vector array")
             path.unlink(missing_ok=True)
+            write_outputs(rows, args, embed, quiet=True)  # a partial table survives an interrupted run
     write_outputs(rows, args, embed)
 
 
-def write_outputs(rows: list[dict], args: argparse.Namespace, embed: dict) -> None:
+def write_outputs(rows: list[dict], args: argparse.Namespace, embed: dict, *, quiet: bool = False) -> None:
     columns = ["section", "passages", "variant", "seconds", "rate", "peak_rss_mb", "rss_mb", "disk_bytes",
                "p50_ms_b1", "p99_ms_b1", "p50_ms_b32", "p99_ms_b32", "recall10", "note"]
     args.output.mkdir(parents=True, exist_ok=True)
@@ -279,7 +282,8 @@ def write_outputs(rows: list[dict], args: argparse.Namespace, embed: dict) -> No
     lines += ["| " + " | ".join(str(row.get(column, "")) for column in columns) + " |" for row in rows]
     lines += ["", *projection(rows, embed)]
     (args.output / "corpus_scale.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))
+    if not quiet:
+        print("\n".join(lines))
 
 
 def projection(rows: list[dict], embed: dict) -> list[str]:
