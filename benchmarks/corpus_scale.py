@@ -320,9 +320,9 @@ def projection(rows: list[dict], embed: dict) -> list[str]:
         else:
             search = top["p50_ms_b1"] * math.log(WIKI18) / math.log(top["passages"])
             build = f"~{top['seconds'] * scale * dim_scale / 3600:.0f} h CPU (linear in n·d; 2 cores)"
-        out.append(f"- {kind} (d=768): file ~{disk / 2**30:.1f} GiB (memory-mapped, so RAM is the page cache, not "
-                   f"the process); single-query latency ~{search:.2f} ms on this CPU; build {build}; recall@10 "
-                   f"{top['recall10']} at {top['passages']:,} (falls with n at fixed nprobe/efSearch).")
+        out.append(f"- {kind} (d=768): file ~{disk / 2**30:.1f} GiB (memory-mapped); single-query latency "
+                   f"~{search:.2f} ms on this CPU; build {build}; recall@10 {top['recall10']} at "
+                   f"{top['passages']:,} (falls with n at fixed nprobe/efSearch).")
     out += ["", "Assumptions: linear growth of file sizes and of flat search cost in n; IVF search ~sqrt(n) at "
             "nlist ~ 4 sqrt(n) with fixed nprobe; HNSW ~log n; d=384 -> 768 doubles flat/HNSW bytes and flat "
             "search cost, not PQ codes (pq_m fixes the code size)."]
