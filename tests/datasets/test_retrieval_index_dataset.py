@@ -114,3 +114,22 @@ def test_preview_is_a_summary_table(index):
     assert all(not isinstance(value, str) or len(value) <= 30 for value in table.values())
     assert isinstance(table["faiss"], str)  # nested settings as JSON text
     fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)
+
+
+def test_an_index_is_loaded_once_per_process_and_each_node_gets_its_own_view(tmp_path, index):
+    """Every node taking ``retrieval_index`` used to reload FAISS, passages and BM25 from disk."""
+    from prorag.datasets.retrieval_index_dataset import clear_index_cache
+
+    clear_index_cache()
+    filepath = str(tmp_path / "idx")
+    RetrievalIndexDataset(filepath=filepath, version=Version(None, None)).save(index)
+    first = RetrievalIndexDataset(filepath=filepath, version=Version(None, None)).load()
+    second = RetrievalIndexDataset(filepath=filepath, version=Version(None, None)).load()
+    assert first is not second
+    assert first.faiss_index is second.faiss_index and first.store is second.store
+    assert first.bm25 is second.bm25 and first.dense is second.dense
+    first.register_retriever("custom", lambda idx: idx.bm25)
+    assert "custom" not in second.retriever_kinds  # a knowledge graph attached in one node stays there
+    other_args = RetrievalIndexDataset(filepath=filepath, version=Version(None, None), load_args={"mmap": False})
+    assert other_args.load().faiss_index is not first.faiss_index
+    clear_index_cache()

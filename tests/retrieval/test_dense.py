@@ -66,7 +66,7 @@ def test_ivfpq_is_approximate_but_close(vectors):
 
 def test_config_and_builder_validation():
     with pytest.raises(ValueError, match="index_type must be one of"):
-        DenseIndexConfig(index_type="hnsw")
+        DenseIndexConfig(index_type="annoy")
     with pytest.raises(ValueError, match="pq_m=7 must divide"):
         build_dense_index([unit_vectors(500, 48, 0)], 48, DenseIndexConfig(index_type="ivfpq", pq_m=7))
     builder = DenseIndexBuilder(48)

@@ -7,11 +7,16 @@ Catalog entry::
       filepath: data/06_models/retrieval_index      # or s3://bucket/…, gcs://…, memory://…
       versioned: true
       load_args: {use_gpu: false, nprobe: 16}      # passed to load_index_dir
+
+A loaded version is kept for the life of the process (:func:`clear_index_cache` empties it): every node that
+takes ``retrieval_index`` gets its own :meth:`~prorag.retrieval.index.RetrievalIndex.view` over one FAISS index,
+store, BM25 and embedder instead of reloading them all.
 """
 
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +29,15 @@ if TYPE_CHECKING:
     from prorag.retrieval.index import RetrievalIndex
 
 META_FILE = "index_meta.json"  # mirrors prorag.retrieval.index.META_FILE; written last, marks a complete save
-_LOAD_ARGS = frozenset({"use_gpu", "nprobe", "device", "load_bm25"})
+_LOAD_ARGS = frozenset({"use_gpu", "nprobe", "device", "load_bm25", "mmap", "gpus"})
+_CACHE: dict[tuple[str, str], RetrievalIndex] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def clear_index_cache() -> None:
+    """Forget every index loaded by :class:`RetrievalIndexDataset` in this process."""
+    with _CACHE_LOCK:
+        _CACHE.clear()
 
 
 class RetrievalIndexDataset(FsspecVersionedDataset["RetrievalIndex", "RetrievalIndex"]):
@@ -57,17 +70,27 @@ class RetrievalIndexDataset(FsspecVersionedDataset["RetrievalIndex", "RetrievalI
                          metadata=metadata)
 
     def load(self) -> RetrievalIndex:
-        from prorag.retrieval.index import load_index_dir
 
         path = self._load_path()
         if not self._stored(path):
             raise DatasetError(f"{path}: no retrieval index here ({META_FILE} missing)")
+        key = (f"{self._protocol}://{path}", repr(sorted(self._load_args.items())))
+        with _CACHE_LOCK:
+            cached = _CACHE.get(key)
+            if cached is None:
+                cached = self._load_uncached(path)
+                _CACHE[key] = cached
+        return cached.view()
+
+    def _load_uncached(self, path: str) -> RetrievalIndex:
+        from prorag.retrieval.index import load_index_dir
+
         if self._protocol == "file":
             return load_index_dir(path, **self._load_args)
-        with tempfile.TemporaryDirectory(prefix="prorag-index-") as temporary:
-            local = Path(temporary) / "index"
-            self._fs.get(path.rstrip("/") + "/", str(local), recursive=True)
-            return load_index_dir(local, **self._load_args)
+        # a remote index is downloaded once per process, to a folder that lives as long as the process
+        local = Path(tempfile.mkdtemp(prefix="prorag-index-")) / "index"
+        self._fs.get(path.rstrip("/") + "/", str(local), recursive=True)
+        return load_index_dir(local, **self._load_args)
 
     def save(self, data: RetrievalIndex) -> None:
         from prorag.retrieval.index import RetrievalIndex, save_index_dir
@@ -75,6 +98,9 @@ class RetrievalIndexDataset(FsspecVersionedDataset["RetrievalIndex", "RetrievalI
         if not isinstance(data, RetrievalIndex):
             raise DatasetError(f"RetrievalIndexDataset saves a RetrievalIndex, got {type(data).__name__}")
         path = self._save_path()
+        with _CACHE_LOCK:
+            for key in [key for key in _CACHE if key[0] == f"{self._protocol}://{path}"]:
+                del _CACHE[key]
         if self._protocol == "file":
             save_index_dir(path, data, overwrite=True)
         else:

@@ -11,8 +11,8 @@ from typing import Any
 
 import bm25s
 
+from prorag.data.records import Passage
 from prorag.retrieval.base import Hit, RetrievalError, check_search_args
-from prorag.retrieval.store import PassageStore
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class BM25Retriever:
     """BM25 over ``title\\ntext`` of every passage; hits with score 0 (no shared term) are left out."""
 
     def __init__(
-        self, model: bm25s.BM25, store: PassageStore, *, stopwords: str | None = "en", threads: int = 0
+        self, model: bm25s.BM25, store: Sequence[Passage], *, stopwords: str | None = "en", threads: int = 0
     ) -> None:
         self.model = model
         self.store = store
@@ -33,7 +33,7 @@ class BM25Retriever:
     @classmethod
     def build(
         cls,
-        store: PassageStore,
+        store: Sequence[Passage],
         *,
         k1: float = 1.5,
         b: float = 0.75,
@@ -86,15 +86,17 @@ class BM25Retriever:
         }
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str], store: PassageStore, *, threads: int = 0) -> BM25Retriever:
-        """Load an index written by :meth:`save` over the same ``store``."""
+    def load(cls, directory: str | os.PathLike[str], store: Sequence[Passage], *, threads: int = 0,
+             mmap: bool = False) -> BM25Retriever:
+        """Load an index written by :meth:`save` over the same ``store``; ``mmap`` memory-maps bm25s's score
+        matrix (the RAM of a 21M-passage index) instead of reading it."""
         path = Path(directory)
         settings_path = path / _SETTINGS_FILE
         if not settings_path.is_file():
             raise RetrievalError(f"{settings_path}: BM25 settings file not found")
         try:
             settings = json.loads(settings_path.read_text(encoding="utf-8"))
-            model = bm25s.BM25.load(str(path), show_progress=False)
+            model = bm25s.BM25.load(str(path), show_progress=False, mmap=mmap)
         except (OSError, ValueError) as error:
             raise RetrievalError(f"{path}: cannot load the BM25 index: {error}") from error
         if settings.get("documents") != len(store):

@@ -1,4 +1,4 @@
-"""Dense retrieval with FAISS: flat inner product, IVF or IVF-PQ, built shard by shard, optionally on GPU.
+"""Dense retrieval with FAISS: flat inner product, IVF, IVF-PQ or HNSW, built shard by shard, optionally on GPU.
 
 Vectors are L2-normalized, so inner product is cosine similarity. Rows of the FAISS index are positions
 in the :class:`~prorag.retrieval.store.PassageStore`.
@@ -25,8 +25,9 @@ from prorag.retrieval.store import PassageStore
 
 logger = logging.getLogger(__name__)
 
-IndexType = Literal["flat", "ivf", "ivfpq"]
-INDEX_TYPES: tuple[str, ...] = ("flat", "ivf", "ivfpq")
+IndexType = Literal["flat", "ivf", "ivfpq", "hnsw"]
+INDEX_TYPES: tuple[str, ...] = ("flat", "ivf", "ivfpq", "hnsw")
+IVF_TYPES: tuple[str, ...] = ("ivf", "ivfpq")
 _MIN_POINTS_PER_CENTROID = 39  # FAISS warns below this many training points per k-means centroid
 
 
@@ -45,7 +46,9 @@ class DenseIndexConfig:
 
     ``nlist=None`` picks ~4·√n lists (at most n/39); ``pq_m=None`` picks the largest of 64, 48, 32, 16, 8, 4,
     2, 1 dividing the dimension; ``train_size=None`` trains on min(n, max(100000, 64·nlist)) vectors drawn
-    uniformly from the whole corpus.
+    uniformly from the whole corpus. An explicit ``nlist`` above n/39 is refused (:func:`check_nlist`).
+    ``hnsw_m`` / ``ef_construction`` / ``ef_search`` configure HNSW (graph degree, build and search beam).
+    ``gpus`` picks the GPUs FAISS may use (``None``: every visible one).
     """
 
     index_type: IndexType = "flat"
@@ -56,11 +59,15 @@ class DenseIndexConfig:
     train_size: int | None = None
     use_gpu: bool = False
     seed: int = 0
+    hnsw_m: int = 32
+    ef_construction: int = 40
+    ef_search: int = 64
+    gpus: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.index_type not in INDEX_TYPES:
             raise ValueError(f"index_type must be one of {', '.join(INDEX_TYPES)}; got {self.index_type!r}")
-        for name in ("nlist", "pq_m", "train_size"):
+        for name in ("nlist", "pq_m", "train_size", "hnsw_m", "ef_construction", "ef_search"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -71,6 +78,15 @@ class DenseIndexConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def check_nlist(nlist: int, count: int, *, knob: str = "nlist") -> None:
+    """Refuse an IVF ``nlist`` the corpus cannot train: FAISS's k-means wants >= 39 vectors per list."""
+    if nlist * _MIN_POINTS_PER_CENTROID > count:
+        raise ValueError(
+            f"{knob}={nlist} needs at least {nlist * _MIN_POINTS_PER_CENTROID} vectors ({_MIN_POINTS_PER_CENTROID} "
+            f"per list) but the corpus has {count}; set {knob} to at most {max(1, count // _MIN_POINTS_PER_CENTROID)} "
+            "or null (automatic: ~4*sqrt(n))")
 
 
 def available_cpus() -> int:
@@ -119,14 +135,44 @@ def gpu_count() -> int:
     return int(get_num_gpus()) if get_num_gpus is not None else 0
 
 
-def maybe_to_gpu(index: faiss.Index, use_gpu: bool) -> faiss.Index:
-    """All GPUs' copy of ``index`` when requested and available, else ``index`` (warning if requested)."""
+def gpu_cloner_options(index: faiss.Index, gpu_total: int) -> Any:
+    """Cloner options that work for every index type on every NVIDIA GPU.
+
+    * IVF-PQ: ``useFloat16LookupTables`` — with 32-bit tables, M sub-quantizers x 2^nbits x 4 B exceed the
+      48 KiB of shared memory per block FAISS may use for M = 64 x 8 bits (64 KiB), on every NVIDIA GPU;
+    * flat / IVF-flat: ``useFloat16`` storage (half the GPU memory), and a flat index is *sharded* over several
+      GPUs rather than replicated (FlashRAG / Search-R1 serve wiki-18 that way);
+    * no precomputed IVF-PQ tables (nlist x M x 256 floats of GPU memory for a small speed-up).
+    """
+    options = faiss.GpuMultipleClonerOptions()
+    options.useFloat16 = True
+    options.useFloat16LookupTables = True
+    options.usePrecomputed = False
+    options.shard = gpu_total > 1 and "Flat" in type(faiss.downcast_index(index)).__name__
+    return options
+
+
+def maybe_to_gpu(index: faiss.Index, use_gpu: bool, gpus: Sequence[int] | None = None) -> faiss.Index:
+    """A GPU copy of ``index`` on ``gpus`` (default: every visible GPU) when requested and available, else
+    ``index`` (warning if requested). HNSW has no GPU form and stays on CPU."""
     if not use_gpu:
         return index
-    if gpu_count() == 0:
+    available = gpu_count()
+    if available == 0:
         logger.warning("use_gpu requested but FAISS sees no GPU (faiss-cpu installed?); staying on CPU")
         return index
-    return faiss.index_cpu_to_all_gpus(index)
+    if "HNSW" in type(faiss.downcast_index(index)).__name__:
+        logger.warning("FAISS has no GPU HNSW; searching on CPU")
+        return index
+    chosen = list(gpus) if gpus is not None else list(range(available))
+    bad = [gpu for gpu in chosen if not 0 <= gpu < available]
+    if bad or not chosen:
+        raise ValueError(f"gpus={chosen}: FAISS sees {available} GPU(s) (0..{available - 1}); "
+                         "set CUDA_VISIBLE_DEVICES or the gpus option")
+    options = gpu_cloner_options(index, len(chosen))
+    logger.info("cloning %s to GPU(s) %s (float16 lookup tables, shard=%s)", type(index).__name__, chosen,
+                options.shard)
+    return faiss.index_cpu_to_gpus_list(index, co=options, gpus=chosen)
 
 
 def set_nprobe(index: faiss.Index, nprobe: int, *, on_gpu: bool = False) -> None:
@@ -140,12 +186,21 @@ def _auto_pq_m(dim: int) -> int:
     return next(m for m in (64, 48, 32, 16, 8, 4, 2, 1) if dim % m == 0)
 
 
+def resolved_nlist(config: DenseIndexConfig, count: int) -> int:
+    """The IVF list count for ``count`` vectors: the explicit one (checked), else ~4*sqrt(n) capped at n/39."""
+    if config.nlist is not None:
+        check_nlist(config.nlist, count)
+        return config.nlist
+    return max(1, min(round(4 * math.sqrt(count)), max(1, count // _MIN_POINTS_PER_CENTROID)))
+
+
 def factory_string(config: DenseIndexConfig, dim: int, count: int) -> str:
     """The ``faiss.index_factory`` description for ``count`` vectors of dimension ``dim``."""
     if config.index_type == "flat":
         return "Flat"
-    max_lists = max(1, count // _MIN_POINTS_PER_CENTROID)
-    nlist = config.nlist or max(1, min(round(4 * math.sqrt(count)), max_lists))
+    if config.index_type == "hnsw":
+        return f"HNSW{config.hnsw_m},Flat"
+    nlist = resolved_nlist(config, count)
     if config.index_type == "ivf":
         return f"IVF{nlist},Flat"
     pq_m = config.pq_m or _auto_pq_m(dim)
@@ -170,10 +225,13 @@ def _train_count(config: DenseIndexConfig, count: int, nlist: int) -> int:
 class DenseIndexBuilder:
     """Add embeddings shard by shard, then :meth:`finish` into a CPU FAISS index.
 
-    A flat index takes vectors as they come. IVF / IVF-PQ need training before adding, and a fair training
-    sample needs the whole corpus: their shards are spilled to ``.npy`` files under ``spill_dir`` (a
+    A flat or HNSW index takes vectors as they come. IVF / IVF-PQ need training before adding, and a fair
+    training sample needs the whole corpus: their shards are spilled to ``.npy`` files under ``spill_dir`` (a
     temporary folder by default), the sample is drawn uniformly over all rows through memory maps, and
     the shards are then added one at a time — memory holds one shard plus the sample, never the corpus.
+    Shards already on disk (a resumable embedding run, :mod:`prorag.retrieval.sharded`) are registered with
+    :meth:`add_file` and never copied or deleted. The spill folder is deleted only once the index is built; if
+    training or adding fails it is kept and its path logged, so the embeddings are not lost.
     """
 
     def __init__(
@@ -186,42 +244,66 @@ class DenseIndexBuilder:
         self.config = config or DenseIndexConfig()
         self.count = 0
         self._finished = False
-        self._flat: faiss.Index | None = None
+        self._direct: faiss.Index | None = None
+        self._spill_parent = spill_dir
         self._spill: Path | None = None
         self._shards: list[Path] = []
         if self.config.index_type == "flat":
-            self._flat = faiss.IndexFlatIP(dim)
-        else:
-            self._spill = Path(tempfile.mkdtemp(prefix="prorag-embeddings-", dir=spill_dir))
+            self._direct = faiss.IndexFlatIP(dim)
+        elif self.config.index_type == "hnsw":
+            self._direct = faiss.index_factory(dim, factory_string(self.config, dim, 0), faiss.METRIC_INNER_PRODUCT)
+            faiss.downcast_index(self._direct).hnsw.efConstruction = self.config.ef_construction
+
+    def _check(self, vectors: np.ndarray) -> np.ndarray:
+        if self._finished:
+            raise RuntimeError("DenseIndexBuilder.add after finish")
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise ValueError(f"expected embeddings of shape (m, {self.dim}), got {vectors.shape}")
+        return vectors
 
     def add(self, vectors: np.ndarray) -> None:
         """Add one shard of L2-normalized embeddings, shape ``(m, dim)``."""
-        if self._finished:
-            raise RuntimeError("DenseIndexBuilder.add after finish")
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
-            raise ValueError(f"expected embeddings of shape (m, {self.dim}), got {vectors.shape}")
-        if self._flat is not None:
-            self._flat.add(vectors)
+        vectors = self._check(np.ascontiguousarray(vectors, dtype=np.float32))
+        if self._direct is not None:
+            self._direct.add(vectors)
         else:
-            assert self._spill is not None
+            if self._spill is None:
+                self._spill = Path(tempfile.mkdtemp(prefix="prorag-embeddings-", dir=self._spill_parent))
             path = self._spill / f"shard-{len(self._shards):06d}.npy"
             np.save(path, vectors)
             self._shards.append(path)
         self.count += len(vectors)
 
+    def add_file(self, path: str | os.PathLike[str]) -> None:
+        """Add a shard saved as ``.npy`` (float32 or float16); IVF types read it when training, not now."""
+        shard = np.load(path, mmap_mode="r")
+        self._check(shard)
+        if self._direct is not None:
+            for start in range(0, len(shard), 65_536):
+                self._direct.add(np.ascontiguousarray(shard[start : start + 65_536], dtype=np.float32))
+        else:
+            self._shards.append(Path(path))
+        self.count += len(shard)
+
     def finish(self) -> faiss.Index:
-        """The built CPU index (``nprobe`` set for IVF types); spilled shards are deleted."""
+        """The built CPU index (``nprobe`` / ``efSearch`` set); a spill folder is deleted only on success."""
         if self._finished:
             raise RuntimeError("DenseIndexBuilder.finish called twice")
         self._finished = True
-        if self._flat is not None:
-            return self._flat
+        if self._direct is not None:
+            if self.config.index_type == "hnsw":
+                faiss.downcast_index(self._direct).hnsw.efSearch = self.config.ef_search
+            return self._direct
         try:
-            return self._train_and_add()
-        finally:
-            assert self._spill is not None
+            built = self._train_and_add()
+        except BaseException:
+            if self._spill is not None:
+                logger.error("building the %s index failed; the %d spilled embedding shards are kept in %s",
+                             self.config.index_type, len(self._shards), self._spill)
+            raise
+        if self._spill is not None:
             shutil.rmtree(self._spill, ignore_errors=True)
+        return built
 
     def _train_and_add(self) -> faiss.Index:
         if self.count == 0:
@@ -243,12 +325,14 @@ class DenseIndexBuilder:
             sample[filled : filled + len(chosen)] = shard[chosen]
             filled += len(chosen)
             offset += len(shard)
-        working = maybe_to_gpu(index, self.config.use_gpu)
+        working = maybe_to_gpu(index, self.config.use_gpu, self.config.gpus)
         logger.info("training %s on %d of %d vectors", description, sample_size, self.count)
         working.train(sample)
         del sample
         for path in self._shards:
-            working.add(np.ascontiguousarray(np.load(path)))
+            shard = np.load(path, mmap_mode="r")
+            for start in range(0, len(shard), 65_536):
+                working.add(np.ascontiguousarray(shard[start : start + 65_536], dtype=np.float32))
         built = working if working is index else faiss.index_gpu_to_cpu(working)
         set_nprobe(built, min(self.config.nprobe, nlist))
         return built
@@ -294,6 +378,7 @@ class DenseRetriever:
         *,
         nprobe: int | None = None,
         use_gpu: bool = False,
+        gpus: Sequence[int] | None = None,
         threads: int | None = None,
         blas_min_queries: int | None = 16,
     ) -> None:
@@ -305,7 +390,7 @@ class DenseRetriever:
             raise RetrievalError(f"FAISS index dimension {index.d} != embedder dimension {encoder.dim}")
         self.store = store
         self.encoder = encoder
-        self.index = maybe_to_gpu(index, use_gpu)
+        self.index = maybe_to_gpu(index, use_gpu, gpus)
         self.on_gpu = self.index is not index
         self.threads = max(1, threads if threads is not None else available_cpus())
         if blas_min_queries is not None:

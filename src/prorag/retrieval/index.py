@@ -2,10 +2,17 @@
 
 Layout of an index directory::
 
-    faiss.index        FAISS index (CPU form), row i = line i of passages.jsonl
+    faiss.index        FAISS index (CPU form), row i = record i of passages.jsonl
     passages.jsonl     the passage store {"id", "title", "text"}
+    passages.jsonl.offsets.npy, .idhash.npy, .idrow.npy
+                       (indexes built at scale) byte offsets and id index: passages are read from disk by offset
     bm25/              bm25s index files (optional)
     index_meta.json    embedder spec, dim, metric, index type, passage count, prefixes, build settings
+
+``faiss_file`` / ``passages_file`` in the metadata may name files outside the directory (absolute paths): a
+prebuilt index and corpus used as they are (:func:`import_prebuilt_index`). Loading memory-maps the FAISS index
+where its type allows and reads passages by offset when the offsets file exists; :func:`load_index_dir` with
+``mmap=False`` reads everything into memory as before.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +35,8 @@ from prorag.data.records import Passage
 from prorag.retrieval.base import RetrievalError, Retriever
 from prorag.retrieval.bm25 import BM25Retriever
 from prorag.retrieval.corpus import deduplicate_passages, split_passages
-from prorag.retrieval.dense import DenseIndexBuilder, DenseIndexConfig, DenseRetriever, IndexType
+from prorag.retrieval.dense import IVF_TYPES, DenseIndexBuilder, DenseIndexConfig, DenseRetriever, IndexType
+from prorag.retrieval.disk_store import OFFSETS_SUFFIX, DiskPassageStore, index_passage_file, sidecar
 from prorag.retrieval.embedder import BUNDLED_MINILM, Embedder, load_embedder
 from prorag.retrieval.hybrid import HybridRetriever
 from prorag.retrieval.store import PassageStore
@@ -74,6 +82,12 @@ class IndexMeta:
     bm25: dict[str, Any] = field(default_factory=dict)
     created_at: str = ""
     format_version: int = FORMAT_VERSION
+    faiss_file: str = FAISS_FILE
+    """The FAISS file: relative to the index directory, or an absolute path (a prebuilt index used as is)."""
+    passages_file: str = PASSAGES_FILE
+    passages_format: str = "prorag"
+    source: dict[str, Any] = field(default_factory=dict)
+    """Where the passages came from (a dump's path, size and mtime; a prebuilt index's files)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,7 +121,7 @@ class RetrievalIndex:
     def __init__(
         self,
         meta: IndexMeta,
-        store: PassageStore,
+        store: Sequence[Passage],
         faiss_index: faiss.Index,
         bm25: BM25Retriever | None = None,
         embedder: Embedder | None = None,
@@ -116,6 +130,9 @@ class RetrievalIndex:
         nprobe: int | None = None,
         device: str | None = None,
         threads: int | None = None,
+        gpus: Sequence[int] | None = None,
+        build_dir: str | os.PathLike[str] | None = None,
+        parent: RetrievalIndex | None = None,
     ) -> None:
         if faiss_index.ntotal != len(store) or meta.passage_count != len(store):
             raise RetrievalError(
@@ -133,9 +150,22 @@ class RetrievalIndex:
         self._nprobe = nprobe
         self._device = device
         self._threads = threads
+        self._gpus = gpus
         self._dense: DenseRetriever | None = None
         self._lock = threading.Lock()
         self._retrievers: dict[str, RetrieverFactory] = dict(_INDEX_RETRIEVERS)
+        self._parent = parent
+        self.build_dir = Path(build_dir) if build_dir is not None else None
+        """A resumable build's working folder (embedding shards): deleted once the index is saved."""
+
+    def view(self) -> RetrievalIndex:
+        """A new index object over the same loaded parts (FAISS index, store, BM25, embedder, dense retriever):
+        what a per-process cache hands each consumer, so that one consumer's registered retriever kinds (a
+        knowledge graph) do not leak into another's."""
+        root = self._parent or self
+        return RetrievalIndex(self.meta, self.store, self.faiss_index, self._bm25, self._embedder,
+                              use_gpu=self._use_gpu, nprobe=self._nprobe, device=self._device, threads=self._threads,
+                              gpus=self._gpus, parent=root)
 
     def register_retriever(self, kind: str, factory: RetrieverFactory) -> RetrievalIndex:
         """Make ``retriever(kind)`` build ``factory(self)``: how another package (the knowledge layer's ``kag`` /
@@ -172,6 +202,8 @@ class RetrievalIndex:
 
     @property
     def embedder(self) -> Embedder:
+        if self._parent is not None and self._embedder is None:
+            self._embedder = self._parent.embedder
         with self._lock:
             if self._embedder is None:
                 self._embedder = load_embedder(
@@ -189,6 +221,8 @@ class RetrievalIndex:
 
     @property
     def dense(self) -> DenseRetriever:
+        if self._parent is not None:
+            return self._parent.dense
         embedder = self.embedder
         with self._lock:
             if self._dense is None:
@@ -198,6 +232,7 @@ class RetrievalIndex:
                     embedder,
                     nprobe=self._nprobe,
                     use_gpu=self._use_gpu,
+                    gpus=self._gpus,
                     threads=self._threads,
                 )
             return self._dense
@@ -311,6 +346,178 @@ def build_retrieval_index(
     return RetrievalIndex(meta, store, faiss_index, bm25, embedder, use_gpu=use_gpu, device=device, threads=threads)
 
 
+def build_retrieval_index_at_scale(
+    passages: Iterable[tuple[str, Passage]],
+    work_dir: str | os.PathLike[str],
+    embedder_spec: str = BUNDLED_MINILM,
+    index_type: IndexType = "flat",
+    *,
+    source: dict[str, Any] | None = None,
+    embedder: Embedder | None = None,
+    window_words: int | None = None,
+    shard_size: int = 65_536,
+    batch_size: int | None = None,
+    query_prefix: str | None = None,
+    passage_prefix: str | None = None,
+    fp16: bool = False,
+    devices: Sequence[str] | None = None,
+    nlist: int | None = None,
+    nprobe: int = 16,
+    pq_m: int | None = None,
+    pq_nbits: int = 8,
+    train_size: int | None = None,
+    hnsw_m: int = 32,
+    ef_construction: int = 40,
+    ef_search: int = 64,
+    use_gpu: bool = False,
+    gpus: Sequence[int] | None = None,
+    device: str | None = None,
+    build_bm25: bool = True,
+    bm25_stopwords: str | None = "en",
+    check_resources: bool = True,
+    threads: int | None = None,
+) -> RetrievalIndex:
+    """Build an index that never holds the corpus in memory, resumably, under ``work_dir``.
+
+    1. *ingest*: ``(origin, passage)`` pairs are streamed into ``work_dir/store/passages.jsonl`` with byte offsets
+       and an id index (deduplicated, optionally windowed); skipped when ``work_dir/store/ingested.json`` records the
+       same ``source`` and ``window_words``;
+    2. *plan*: the FAISS index's memory, disk and build time are estimated, printed and checked against this
+       machine (``check_resources``), and an explicit ``nlist`` against the corpus size — before any embedding;
+    3. *embed*: shards of ``shard_size`` passages go to ``work_dir/embeddings/`` (:func:`prorag.retrieval.sharded.
+       embed_store`): kill the run and start it again, finished shards are not recomputed; ``devices`` (e.g.
+       ``["cuda:0", "cuda:1"]``) embed in one process each; ``fp16`` halves the model and the shards;
+    4. *index*: the FAISS index is built from the shard files (``use_gpu``/``gpus`` for IVF training), and BM25 over
+       the store. The shards stay until the index is saved (:func:`save_index_dir` deletes ``work_dir/embeddings``).
+    """
+    from prorag.retrieval.sharded import embed_store, finished_shards
+    from prorag.retrieval.sizing import check_index_cost, estimate_index_cost
+
+    root = Path(work_dir)
+    store_dir = root / "store"
+    marker = store_dir / "ingested.json"
+    recorded = {"source": source or {}, "window_words": window_words}
+    store_path = store_dir / PASSAGES_FILE
+    if (source and marker.is_file() and json.loads(marker.read_text(encoding="utf-8")) == recorded
+            and sidecar(store_path, OFFSETS_SUFFIX).is_file()):
+        store = DiskPassageStore(store_path)
+        logger.info("reusing the ingested store %s (%d passages)", store_path, len(store))
+    else:
+        marker.unlink(missing_ok=True)
+        from prorag.retrieval.disk_store import ingest_passages
+
+        store = ingest_passages(passages, store_path, window_words=window_words)
+        marker.write_text(json.dumps(recorded, indent=2) + "\n", encoding="utf-8")
+        logger.info("ingested %d passages into %s", len(store), store_path)
+    options: dict[str, Any] = {"batch_size": batch_size, "query_prefix": query_prefix,
+                               "passage_prefix": passage_prefix, "show_progress": False, "fp16": fp16}
+    devices = list(devices or ([device] if device else []))
+    if embedder is None and len(devices) <= 1:
+        embedder = load_embedder(embedder_spec, device=devices[0] if devices else None, **options)
+    if embedder is not None:
+        dim, described = embedder.dim, embedder.describe()
+    else:
+        probe = load_embedder(embedder_spec, device="cpu", **{**options, "fp16": False})
+        dim, described = probe.dim, probe.describe()
+        del probe
+    config = DenseIndexConfig(index_type=index_type, nlist=nlist, nprobe=nprobe, pq_m=pq_m, pq_nbits=pq_nbits,
+                              train_size=train_size, use_gpu=use_gpu, hnsw_m=hnsw_m, ef_construction=ef_construction,
+                              ef_search=ef_search, gpus=tuple(gpus) if gpus is not None else None)
+    embeddings_dir = root / "embeddings"
+    dtype = "float16" if fp16 else "float32"
+    cost = estimate_index_cost(config, len(store), dim, shard_bytes_per_value=2 if fp16 else 4,
+                               shard_size=shard_size)
+    if check_resources:
+        done = finished_shards(embeddings_dir, len(store), shard_size)
+        check_index_cost(cost, root, already_on_disk=len(done) * shard_size * dim * (2 if fp16 else 4))
+    paths = embed_store(store, embeddings_dir, embedder=embedder, spec=embedder_spec,
+                        embedder_options={key: value for key, value in options.items() if key != "show_progress"},
+                        devices=devices, shard_size=shard_size, dtype=dtype, described=described)
+    builder = DenseIndexBuilder(dim, config)
+    for path in paths:
+        builder.add_file(path)
+    faiss_index = builder.finish()
+    bm25 = BM25Retriever.build(store, stopwords=bm25_stopwords) if build_bm25 else None
+    faiss_info: dict[str, Any] = {**config.to_dict(), "description": _describe_faiss(faiss_index),
+                                  "estimate": cost.to_dict(), "shard_dtype": dtype}
+    meta = IndexMeta(
+        embedder_spec=described["embedder_spec"], dim=dim, index_type=index_type, passage_count=len(store),
+        query_prefix=described["query_prefix"] or "", passage_prefix=described["passage_prefix"] or "",
+        has_bm25=bm25 is not None, window_words=window_words, faiss=faiss_info,
+        bm25=bm25.settings() if bm25 is not None else {}, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        source=source or {},
+    )
+    logger.info("built %s index over %d passages (%s)", index_type, len(store), faiss_info["description"])
+    return RetrievalIndex(meta, store, faiss_index, bm25, embedder, use_gpu=use_gpu, device=device, threads=threads,
+                          gpus=gpus, build_dir=root)
+
+
+def import_prebuilt_index(
+    faiss_path: str | os.PathLike[str],
+    corpus_path: str | os.PathLike[str],
+    *,
+    corpus_format: str = "auto",
+    embedder_spec: str = "intfloat/e5-base-v2",
+    query_prefix: str | None = None,
+    passage_prefix: str | None = None,
+    build_bm25: bool = False,
+    mmap: bool = True,
+) -> RetrievalIndex:
+    """Use a prebuilt FAISS index and its corpus file as they are (Search-R1's ``e5_Flat.index`` + ``wiki-18.jsonl``).
+
+    Nothing is copied: the corpus gets an offsets file beside it (one streaming pass; reused when it exists), the
+    index is memory-mapped, and the metadata names both files by absolute path. Row ``i`` of the FAISS index must be
+    record ``i`` of the corpus (the counts are checked). E5's ``query: `` prefix is used unless told otherwise.
+    """
+    from prorag.retrieval.embedder import default_prefixes
+
+    index_file, corpus_file = Path(faiss_path).resolve(), Path(corpus_path).resolve()
+    faiss_index = _read_faiss(index_file, mmap=mmap)
+    store = (DiskPassageStore(corpus_file, corpus_format) if sidecar(corpus_file, OFFSETS_SUFFIX).is_file()
+             else index_passage_file(corpus_file, corpus_format))
+    if faiss_index.ntotal != len(store):
+        raise RetrievalError(f"{index_file} has {faiss_index.ntotal} vectors but {corpus_file} has {len(store)} "
+                             "passages: they are not an index and its corpus")
+    default_query, default_passage = default_prefixes(embedder_spec)
+    bm25 = BM25Retriever.build(store) if build_bm25 else None
+    meta = IndexMeta(
+        embedder_spec=embedder_spec, dim=faiss_index.d, index_type=_index_kind(faiss_index),
+        passage_count=len(store), query_prefix=default_query if query_prefix is None else query_prefix,
+        passage_prefix=default_passage if passage_prefix is None else passage_prefix, has_bm25=bm25 is not None,
+        faiss={"description": _describe_faiss(faiss_index), "prebuilt": True},
+        bm25=bm25.settings() if bm25 is not None else {}, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        faiss_file=str(index_file), passages_file=str(corpus_file), passages_format=store.format,
+        source={"prebuilt_faiss": str(index_file), "corpus": str(corpus_file)},
+    )
+    return RetrievalIndex(meta, store, faiss_index, bm25)
+
+
+def _index_kind(index: faiss.Index) -> str:
+    name = type(faiss.downcast_index(index)).__name__
+    if "HNSW" in name:
+        return "hnsw"
+    if "IVFPQ" in name:
+        return "ivfpq"
+    return "ivf" if "IVF" in name else "flat"
+
+
+def _read_faiss(path: Path, *, mmap: bool, kind: str | None = None) -> faiss.Index:
+    """Read a FAISS file, memory-mapped when asked: IVF lists via ``IO_FLAG_MMAP``, flat / HNSW vector storage via
+    ``IO_FLAG_MMAP_IFC`` (an HNSW graph itself is read into RAM)."""
+    if not path.is_file():
+        raise RetrievalError(f"{path}: FAISS index file not found")
+    flags = 0
+    if mmap:
+        flags = faiss.IO_FLAG_MMAP if kind in IVF_TYPES else faiss.IO_FLAG_MMAP_IFC
+    try:
+        index = faiss.read_index(str(path), flags)
+        if mmap and kind is None and _index_kind(index) in IVF_TYPES:
+            index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP)
+        return index
+    except RuntimeError as error:
+        raise RetrievalError(f"{path}: cannot read the FAISS index: {error}") from error
+
+
 def _describe_faiss(index: faiss.Index) -> str:
     try:
         ivf = faiss.extract_index_ivf(index)
@@ -330,11 +537,22 @@ def save_index_dir(path: str | os.PathLike[str], index: RetrievalIndex, *, overw
         shutil.rmtree(staging)
     staging.mkdir()
     try:
-        faiss.write_index(index.faiss_index, str(staging / FAISS_FILE))  # always the CPU form
-        index.store.save(staging / PASSAGES_FILE)
+        meta = replace(index.meta, has_bm25=index.has_bm25)
+        if Path(index.meta.faiss_file).is_absolute():
+            pass  # a prebuilt index used as is: the metadata keeps pointing at it
+        else:
+            faiss.write_index(index.faiss_index, str(staging / FAISS_FILE))  # always the CPU form
+            meta = replace(meta, faiss_file=FAISS_FILE)
+        if isinstance(index.store, DiskPassageStore):
+            if not Path(index.meta.passages_file).is_absolute():
+                for source_file in index.store.files():
+                    _link_or_copy(source_file, staging / (PASSAGES_FILE + source_file.name[len(
+                        index.store.path.name):]))
+                meta = replace(meta, passages_file=PASSAGES_FILE, passages_format=index.store.format)
+        else:
+            index.store.save(staging / PASSAGES_FILE)
         if index.has_bm25:
             index.bm25.save(staging / BM25_DIR)
-        meta = replace(index.meta, has_bm25=index.has_bm25)
         (staging / META_FILE).write_text(
             json.dumps(meta.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
@@ -344,7 +562,18 @@ def save_index_dir(path: str | os.PathLike[str], index: RetrievalIndex, *, overw
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    if index.build_dir is not None and (index.build_dir / "embeddings").is_dir():
+        shutil.rmtree(index.build_dir / "embeddings", ignore_errors=True)  # the index is saved: shards may go
+        logger.info("index saved to %s; removed the embedding shards under %s", target, index.build_dir)
     return target
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """Hard-link ``source`` to ``target`` (same file system: no copy of a 14 GB corpus), else copy it."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def read_index_meta(path: str | os.PathLike[str]) -> IndexMeta:
@@ -368,27 +597,38 @@ def load_index_dir(
     nprobe: int | None = None,
     device: str | None = None,
     threads: int | None = None,
+    mmap: bool = True,
+    gpus: Sequence[int] | None = None,
 ) -> RetrievalIndex:
-    """Load an index directory written by :func:`save_index_dir` (everything is read into memory)."""
+    """Load an index directory written by :func:`save_index_dir`.
+
+    ``mmap`` (default) memory-maps the FAISS index where its type allows and BM25's score matrix; passages are
+    read from disk by offset when the directory has an offsets file (indexes built at scale), else into memory.
+    ``mmap=False`` reads everything into memory.
+    """
     root = Path(path)
     meta = read_index_meta(root)
-    faiss_path = root / FAISS_FILE
-    if not faiss_path.is_file():
-        raise RetrievalError(f"{faiss_path}: FAISS index file not found")
-    try:
-        faiss_index = faiss.read_index(str(faiss_path))
-    except RuntimeError as error:
-        raise RetrievalError(f"{faiss_path}: cannot read the FAISS index: {error}") from error
-    store = PassageStore.load(root / PASSAGES_FILE)
+    faiss_path = _resolve(root, meta.faiss_file)
+    faiss_index = _read_faiss(faiss_path, mmap=mmap, kind=meta.index_type)
+    passages_path = _resolve(root, meta.passages_file)
+    if sidecar(passages_path, OFFSETS_SUFFIX).is_file():
+        store: Sequence[Passage] = DiskPassageStore(passages_path, meta.passages_format)
+    else:
+        store = PassageStore.load(passages_path)
     for what, count in (
-        ("FAISS vectors in " + FAISS_FILE, faiss_index.ntotal),
-        ("passages in " + PASSAGES_FILE, len(store)),
+        ("FAISS vectors in " + meta.faiss_file, faiss_index.ntotal),
+        ("passages in " + meta.passages_file, len(store)),
     ):
         if count != meta.passage_count:
             raise RetrievalError(f"{root}: {count} {what} but {META_FILE} says passage_count {meta.passage_count}")
     bm25 = None
     if load_bm25 and meta.has_bm25:
-        bm25 = BM25Retriever.load(root / BM25_DIR, store)
+        bm25 = BM25Retriever.load(root / BM25_DIR, store, mmap=mmap)
     return RetrievalIndex(
-        meta, store, faiss_index, bm25, embedder, use_gpu=use_gpu, nprobe=nprobe, device=device, threads=threads
+        meta, store, faiss_index, bm25, embedder, use_gpu=use_gpu, nprobe=nprobe, device=device, threads=threads,
+        gpus=gpus,
     )
+
+
+def _resolve(root: Path, name: str) -> Path:
+    return Path(name) if Path(name).is_absolute() else root / name

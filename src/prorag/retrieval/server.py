@@ -404,7 +404,12 @@ def build_parser(extensions: Sequence[ServerExtension] = ()) -> argparse.Argumen
     parser.add_argument("--threads", type=int, default=None, help="FAISS OpenMP threads (default: all CPUs)")
     parser.add_argument("--nprobe", type=int, default=None,
                         help="IVF lists probed per query (default: the index's own; a flat index ignores it)")
-    parser.add_argument("--use-gpu", action="store_true", help="search the FAISS index on all GPUs")
+    parser.add_argument("--use-gpu", action="store_true",
+                        help="search the FAISS index on GPUs (--gpus, default all visible; float16, flat sharded)")
+    parser.add_argument("--gpus", type=lambda text: [int(item) for item in text.split(",")], default=None,
+                        help="comma-separated GPU numbers FAISS may use with --use-gpu, e.g. 0,1")
+    parser.add_argument("--no-mmap", action="store_true",
+                        help="read the FAISS index and BM25 into RAM instead of memory-mapping them")
     parser.add_argument("--device", default=None, help="embedder device, e.g. cpu or cuda")
     parser.add_argument("--log-level", default="info", help="logging level (default: %(default)s)")
     for extension in extensions:
@@ -428,6 +433,8 @@ def main(argv: Sequence[str] | None = None, extensions: Sequence[ServerExtension
         args.index_dir,
         load_bm25=args.retriever != "dense",
         use_gpu=args.use_gpu,
+        gpus=args.gpus,
+        mmap=not args.no_mmap,
         nprobe=args.nprobe,
         device=args.device,
         threads=args.threads,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from prorag.config import StrictModel
 from prorag.retrieval.embedder import BUNDLED_MINILM
@@ -15,6 +15,29 @@ INDEX_OPTIONS: Final = frozenset({
     "window_words", "shard_size", "batch_size", "query_prefix", "passage_prefix", "nlist", "nprobe", "pq_m",
     "pq_nbits", "train_size", "use_gpu", "build_bm25"})
 """The fields passed by name to :func:`prorag.retrieval.build_retrieval_index` (same names there)."""
+
+
+SCALE_OPTIONS: Final = frozenset({
+    "window_words", "shard_size", "batch_size", "query_prefix", "passage_prefix", "fp16", "devices", "nlist",
+    "nprobe", "pq_m", "pq_nbits", "train_size", "hnsw_m", "ef_construction", "ef_search", "use_gpu", "gpus",
+    "build_bm25", "check_resources"})
+"""The fields passed by name to :func:`prorag.retrieval.index.build_retrieval_index_at_scale`."""
+
+
+class CorpusFileParams(StrictModel):
+    """One passage file read as it is distributed (:mod:`prorag.data.dumps`)."""
+
+    path: str
+    format: Literal["auto", "prorag", "flashrag", "dpr"] = "auto"
+
+
+class PrebuiltIndexParams(StrictModel):
+    """A prebuilt FAISS index and its corpus file, used as they are (Search-R1's ``e5_Flat.index`` +
+    ``wiki-18.jsonl``)."""
+
+    faiss_index: str
+    corpus: str
+    format: Literal["auto", "prorag", "flashrag", "dpr"] = "auto"
 
 
 class RecallEvaluationParams(StrictModel):
@@ -31,7 +54,7 @@ class CorpusIndexingParams(StrictModel):
     query_prefix: str | None = None
     passage_prefix: str | None = None
     window_words: int | None = Field(default=None, ge=20)
-    index_type: Literal["flat", "ivf", "ivfpq"] = "flat"
+    index_type: Literal["flat", "ivf", "ivfpq", "hnsw"] = "flat"
     nlist: PositiveInt | None = None
     nprobe: PositiveInt = 16
     pq_m: PositiveInt | None = None
@@ -47,3 +70,30 @@ class CorpusIndexingParams(StrictModel):
     """Index every passage the selected questions point at, plus at most this many others (seeded sample)."""
     seed: Seed = 0
     evaluation: RecallEvaluationParams = RecallEvaluationParams()
+    corpus_files: list[CorpusFileParams] | None = None
+    """Index these passage files (streamed; e.g. wiki-18.jsonl) instead of the prepared corpus (docs/corpus.md)."""
+    prebuilt: PrebuiltIndexParams | None = None
+    """Use a prebuilt FAISS index + corpus as they are instead of building one."""
+    work_dir: str | None = None
+    """Resumable build folder (store, embedding shards); set with corpus_files, optional otherwise (null: the
+    in-memory build of the bundled corpus)."""
+    fp16: bool = False
+    devices: list[str] | None = None
+    """Embedding devices, one process each (e.g. [cuda:0, cuda:1]); null: the embedder's default device."""
+    gpus: list[int] | None = None
+    """GPUs FAISS may use with use_gpu (null: every visible one)."""
+    hnsw_m: PositiveInt = 32
+    ef_construction: PositiveInt = 40
+    ef_search: PositiveInt = 64
+    check_resources: bool = True
+
+    @model_validator(mode="after")
+    def _scale_settings(self) -> CorpusIndexingParams:
+        if self.corpus_files is not None and self.work_dir is None:
+            raise ValueError("corpus_indexing.corpus_files needs corpus_indexing.work_dir (the resumable build "
+                             "folder: passage store and embedding shards)")
+        if self.corpus_files is not None and self.prebuilt is not None:
+            raise ValueError("set corpus_indexing.corpus_files or corpus_indexing.prebuilt, not both")
+        if self.corpus_files is not None and not self.corpus_files:
+            raise ValueError("corpus_indexing.corpus_files is empty (null: the prepared corpus)")
+        return self
