@@ -38,6 +38,8 @@ def test_per_method_metrics_are_split_from_the_rest():
         "judge", {"hiprag": judge["hiprag"]}, {"skipped_trajectories": 3})
     prefix, methods, rest = split_method_metrics("tearag_evaluation_metrics", {"tearag": {"all": {"cem": 1}}})
     assert (prefix, list(methods), rest) == ("evaluation", ["tearag"], {})  # the same keys for every method
+    prefix, methods, _ = split_method_metrics("comparison_metrics", {"hiprag_rl": {"macro": {"cem": 0.2}}})
+    assert (prefix, list(methods)) == ("evaluation", ["hiprag_rl"])  # compare's arms: the evaluation keys too
     assert split_method_metrics("sft_metrics", {"loss": 1}) is None
     assert split_method_metrics("judge_metrics", [{"step": 1}]) is None
 

@@ -41,9 +41,12 @@ ADAPTER_TAG: Final = "prorag.adapter"
 BASE_MODEL_TAG: Final = "prorag.base_model"
 PROTOCOL_TAG: Final = "prorag.protocol"
 
-PER_METHOD_METRICS: Final = ("evaluation_metrics", "judge_metrics")
-"""Output-name suffixes of metrics shaped ``{method: {...}}``; each method's part goes to its method run with the
-suffix (less ``_metrics``) as prefix, so ``tearag_evaluation_metrics`` and ``evaluation_metrics`` share keys."""
+PER_METHOD_METRICS: Final = {"evaluation_metrics": "evaluation", "judge_metrics": "judge",
+                              "comparison_metrics": "evaluation"}
+"""Output-name suffixes of metrics shaped ``{method: {...}}`` and the prefix each method's part is logged under in
+its method run: ``tearag_evaluation_metrics``, ``evaluation_metrics`` and ``compare``'s ``comparison_metrics`` share
+keys (``evaluation.macro.cem``, ``evaluation.<dataset>.cem``), so the method runs of any pipeline compare in the
+MLflow UI."""
 EXPERIMENT_KIND_TAG: Final = "mlflow.experimentKind"
 EXPERIMENT_KIND: Final = "custom_model_development"
 """What MLflow 3's UI reads to open an experiment on the runs (model training) view, not the GenAI one."""
@@ -71,7 +74,7 @@ def split_method_metrics(name: str, data: Any) -> tuple[str, dict[str, Mapping[s
         return None
     methods = {str(key): value for key, value in data.items() if isinstance(value, Mapping)}
     rest = {str(key): value for key, value in data.items() if not isinstance(value, Mapping)}
-    return suffix.removesuffix("_metrics"), methods, rest
+    return PER_METHOD_METRICS[suffix], methods, rest
 
 
 def is_rollout_records(data: Any) -> bool:

@@ -155,7 +155,8 @@ def test_table_tests_report_and_plots(compared, index, tmp_path):
     assert tests["p_holm"].dropna().ge(tests["p_value"].dropna() - 1e-12).all()
     assert "## Against standard_rag (paired, CEM)" in report
     assert "search_r1_adapter has no version yet" in report
-    assert set(metrics) == set(ran) and "cem" in metrics["hiprag_sft"]
+    assert set(metrics) == set(ran) and set(metrics["hiprag_sft"]) == {*SOURCES, "macro"}
+    assert metrics["hiprag_sft"]["macro"]["cem"] == pytest.approx(macro.loc["hiprag_sft", "cem"])
     for number, figure in enumerate(figures):
         assert isinstance(figure, Figure)
         figure.savefig(tmp_path / f"{number}.png")

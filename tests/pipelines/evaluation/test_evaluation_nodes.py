@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from prorag.agent import Rollout
 from prorag.pipelines.evaluation.nodes import evaluate_trajectories
 
@@ -26,6 +28,8 @@ def test_rows_carry_intervals_per_dataset_and_overall():
     hotpot = metrics["hiprag"]["hotpotqa"]
     assert hotpot["cem"] == 0.5 and 0.1 < hotpot["cem_low"] < 0.5 < hotpot["cem_high"] < 0.9
     assert metrics["hiprag"]["popqa"]["em_low"] == metrics["hiprag"]["popqa"]["em_high"] == 1.0
+    macro = metrics["hiprag"]["macro"]  # the mean over datasets, the key compare's method runs log too
+    assert macro["cem"] == pytest.approx((0.5 + 1.0) / 2) and "n" not in macro
     again, _ = evaluate_trajectories(records)
     assert again.equals(table)  # seeded
     single, _ = evaluate_trajectories(records[:1])

@@ -83,7 +83,8 @@ def test_an_explicit_reask_policy_replaces_the_recorded_one(adapter_dir, index):
     sft_policy = BASE.model_copy(update={"adapter": adapter_dir})
     records = [rollout.to_dict() for rollout in record_policy([_rollout("hiprag_agent_sft", "hotpotqa", "q1")],
                                                               sft_policy)]
-    verdicts, _, _ = judge_trajectories(records, index, RewardJudgingParams(reask_policy=BASE), HiPRAGSettings(), BASE)
+    verdicts, _, _ = judge_trajectories(records, index, RewardJudgingParams(reask_policy=BASE),
+                                        HiPRAGSettings(reask="instructed"), BASE)  # greedy, so _reask reproduces it
     assert verdicts[0]["steps"][0]["reask_answer"].strip() == _reask(BASE)
 
 

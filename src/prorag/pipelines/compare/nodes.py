@@ -104,7 +104,7 @@ def report_comparison(trajectory_records: list[dict[str, Any]], arms: pd.DataFra
     """The comparison a paper would print: per arm and dataset (and macro-averaged over datasets) EM, F1 and CEM
     with 95% intervals, format, steps, retrievals, tokens, OSR/USR with the unknown rate and LLM-judge accuracy;
     paired tests between every two arms; a Markdown report; the accuracy, efficiency and search-behaviour plots;
-    and the macro figures per arm as metrics."""
+    and per arm and dataset (and "macro") the figures as metrics."""
     inputs = ComparisonInputs(
         rollouts=[Rollout.from_dict(record) for record in trajectory_records], arms=arms,
         judge_metrics=judge_metrics, answer_verdicts=answer_verdicts, reference=params.reference,
@@ -114,10 +114,13 @@ def report_comparison(trajectory_records: list[dict[str, Any]], arms: pd.DataFra
         confidence=params.confidence, bootstrap_resamples=params.bootstrap_resamples,
         permutation_resamples=params.permutation_resamples, seed=params.seed)
     table, tests = comparison_table(inputs)
-    metrics = {row["method"]: {key: row[key] for key in ("cem", "em", "f1", "format_rate", "avg_retrieval_count",
-                                                         "avg_generated_tokens", "osr", "usr", "lasj")
-                               if key in row and pd.notna(row[key])}
-               for row in table[table["dataset"] == "macro"].to_dict("records")}
+    keys = ("cem", "em", "f1", "format_rate", "avg_retrieval_count", "avg_generated_tokens", "osr", "usr", "lasj")
+    # {arm: {dataset | "macro": {metric: value}}}: logged to each arm's method run as evaluation.<dataset>.<metric>,
+    # the keys the evaluation pipeline's method runs carry, so MLflow's Compare lines them up
+    metrics: dict[str, Any] = {}
+    for row in table.to_dict("records"):
+        metrics.setdefault(row["method"], {})[row["dataset"]] = {key: row[key] for key in keys
+                                                                 if key in row and pd.notna(row[key])}
     return (table, tests, render_report(inputs, table, tests), accuracy_figure(table),
             efficiency_figure(table), search_figure(table), metrics)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from prorag.agent import Rollout
@@ -34,7 +35,16 @@ def evaluate_trajectories(trajectory_records: list[dict[str, Any]]) -> tuple[pd.
                                             seed=BOOTSTRAP_SEED))
     rows = [{"method": method, "dataset": dataset, **summary}
             for method, by_dataset in summaries.items() for dataset, summary in by_dataset.items()]
-    return pd.DataFrame(rows), summaries
+    metrics = {method: {**by_dataset, "macro": _macro(by_dataset)} for method, by_dataset in summaries.items()}
+    return pd.DataFrame(rows), metrics
+
+
+def _macro(by_dataset: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The mean over datasets of each number (the papers' average; ``compare`` logs the same keys)."""
+    datasets = [summary for name, summary in by_dataset.items() if name != "all"]
+    keys = [key for key, value in datasets[0].items() if isinstance(value, (int, float))] if datasets else []
+    return {key: float(np.nanmean([float(summary.get(key, np.nan)) for summary in datasets])) for key in keys
+            if key != "n"}
 
 
 def summarize_results(trajectory_records: list[dict[str, Any]]) -> str:
