@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 
 
 def build_policy(policy: PolicySpec) -> Generator:
-    """The policy's generator (in-process transformers with the adapter merged, or an OpenAI-compatible server)."""
+    """The policy's generator (in-process transformers with the adapter merged, or an OpenAI-compatible server that
+    serves a trained adapter or full model by name: :mod:`prorag.llm.served`)."""
     return build_generator(policy.model, backend=policy.backend, adapter=policy.adapter, dtype=policy.dtype,
-                           batch_size=policy.batch_size, base_url=policy.base_url, api_key_env=policy.api_key_env)
+                           batch_size=policy.batch_size, base_url=policy.base_url, api_key_env=policy.api_key_env,
+                           trained_server=policy.trained_server, device=policy.device)
 
 
 def build_retriever(spec: RetrieverSpec, index: RetrievalIndex) -> Retriever:

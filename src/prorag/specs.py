@@ -23,6 +23,7 @@ from pydantic import Field, field_validator
 
 from prorag.config import Dtype, PositiveInt, Seed, StrictModel
 from prorag.llm.registry import BUNDLED_SMOLLM2
+from prorag.llm.served import TrainedServerSpec
 from prorag.protocol.registry import protocol_names
 
 RetrieverKind = Literal["dense", "bm25", "hybrid", "kag", "kag_concat"]
@@ -50,6 +51,11 @@ class PolicySpec(StrictModel):
     """The NAME of the environment variable holding the key (backend openai); null: a keyless local server."""
     dtype: Dtype = "float32"
     batch_size: PositiveInt = 8
+    device: str = "cpu"
+    """transformers backend: the torch device of the in-process model (``cuda`` on a GPU)."""
+    trained_server: TrainedServerSpec | None = None
+    """backend openai: where a full-parameter trained model is served by name (:mod:`prorag.llm.served`); LoRA
+    adapters are loaded into the ``base_url`` server instead."""
 
     def with_trained(self, folder: str) -> PolicySpec:
         """This policy after training: ``folder`` is a PEFT adapter (merged into ``model``) or, from full-parameter

@@ -52,6 +52,7 @@ from prorag.rewards.scoring import Ratio
 from prorag.specs import AgentSpec, SamplingSpec
 from prorag.training.config import GRPOSettings
 from prorag.training.dapo import refill_uniform_groups
+from prorag.training.devices import ensure_one_device, fp32_master_weights
 from prorag.training.trl_private import GRPOTrainerHooks
 
 if TYPE_CHECKING:
@@ -299,11 +300,18 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
 
     from prorag.llm.registry import load_causal_lm
 
-    policy, tokenizer = load_causal_lm(model, dtype=settings.dtype) if isinstance(model, str) else model
+    ensure_one_device(settings.use_cpu, what="GRPO")
+    # Full-parameter training keeps fp32 master weights (and fp32 AdamW states) and computes in bf16 under
+    # autocast (mixed precision, as verl / DeepSpeed bf16 / FSDP do): an update of ~lr = 1e-6 is below half a
+    # bf16 ulp of a typical weight, so pure-bf16 weights would barely move. LoRA keeps the frozen base in
+    # ``dtype`` (PEFT holds the adapter in fp32).
+    load_dtype = "float32" if full_parameters else settings.dtype
+    policy, tokenizer = load_causal_lm(model, dtype=load_dtype) if isinstance(model, str) else model
     peft_config = None
     if full_parameters:
         if adapter_dir is not None:
             policy = PeftModel.from_pretrained(policy, str(adapter_dir)).merge_and_unload()
+        policy = fp32_master_weights(policy)
     elif adapter_dir is not None:
         policy = PeftModel.from_pretrained(policy, str(adapter_dir), is_trainable=True)
     else:
@@ -325,7 +333,7 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
         **trl_names,
         output_dir=str(checkpoint_dir),
         report_to=[],
-        bf16=settings.dtype == "bfloat16" and not settings.use_cpu,
+        bf16=settings.dtype == "bfloat16" and (full_parameters or not settings.use_cpu),
         fp16=False,
         mask_truncated_completions=False,  # agent completions end with </answer>, not EOS
         data_seed=settings.seed,
