@@ -114,6 +114,19 @@ class ParameterValidationHook:
         validate_parameters(_parameters(catalog), all_parameter_schemas())
 
 
+class GpuPreflightHook:
+    """Refuses, before any node (and before MLflow opens a run), a GPU run that cannot work: colliding GPUs or
+    ports, a trainer process that would see several GPUs (it is given ``placement.trainer_gpu`` when CUDA is not
+    initialised yet), a process that cannot fit its GPU (:func:`prorag.scale.preflight.preflight`). Runs after
+    :class:`ParameterValidationHook` (both ``tryfirst``; registered before it in ``settings.HOOKS``)."""
+
+    @hook_impl(tryfirst=True)
+    def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline, catalog: DataCatalog) -> None:
+        from prorag.scale.preflight import preflight
+
+        preflight(_parameters(catalog))
+
+
 class RunVersionHook:
     """Inputs from completed runs that belong together, and a manifest per run (issue 11, item 3).
 
@@ -351,7 +364,18 @@ class MlflowTrackingHook:
                 rewards = next((value for key, value in outputs.items() if key.endswith("trajectory_rewards")), None)
                 rollouts = next((value for value in inputs.values() if is_rollout_records(value)), [])
                 self._safely("judge verdicts", self._log_verdicts, data, rollouts, rewards)
+        self._safely("judge usage", self._log_judge_usage, stage_run)
         self._end_stage_run(stage_run, "FINISHED")
+
+    def _log_judge_usage(self, stage_run: str) -> None:
+        """The LLM judges' calls, tokens and estimated cost so far (:func:`prorag.judges.limits.usage_metrics`),
+        on the stage run and the parent run."""
+        from prorag.judges.limits import usage_metrics
+
+        metrics = usage_metrics()
+        if metrics:
+            for run_id in {stage_run, self._parent_id}:
+                _log_batch(self._client, run_id, [(key, value, None) for key, value in metrics.items()])
 
     @hook_impl
     def on_node_error(self, error: Exception, node: Node) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from prorag.config import Dtype, PositiveInt, Seed, StrictModel
 from prorag.llm.registry import BUNDLED_SMOLLM2
@@ -73,6 +73,13 @@ class RetrieverSpec(StrictModel):
     top_k: PositiveInt = 3
 
 
+class TokenPrice(StrictModel):
+    """A judge model's price in USD per million tokens."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+
 class JudgeSpec(StrictModel):
     """One judge: ``reference`` (deterministic, no model) or ``llm`` (any OpenAI-compatible endpoint)."""
 
@@ -86,9 +93,23 @@ class JudgeSpec(StrictModel):
     timeout: float = Field(default=30.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
     temperature: float | None = Field(default=0.0, ge=0)
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    """One limiter per endpoint, shared by every judge and process of the node (:mod:`prorag.judges.limits`)."""
+    max_unknown_rate: float | None = Field(default=None, ge=0, le=1)
+    """Stop the run when a batch has more unknown verdicts than this share (fail closed); None: never."""
+    budget_usd: float | None = Field(default=None, gt=0)
+    """Stop judging once the endpoint's estimated spend reaches it (needs ``price_per_million_tokens``)."""
+    price_per_million_tokens: TokenPrice | None = None
+    """USD per million input and output tokens, for the cost in MLflow and the budget."""
     f1_threshold: float = Field(default=0.8, gt=0, le=1)
     grounding_threshold: float = Field(default=0.6, gt=0, le=1)
     top_k: PositiveInt = 5
+
+    @model_validator(mode="after")
+    def _budget_has_a_price(self) -> JudgeSpec:
+        if self.budget_usd is not None and self.price_per_million_tokens is None:
+            raise ValueError("budget_usd needs price_per_million_tokens (the spend is estimated from the usage)")
+        return self
 
 
 class AgentSpec(StrictModel):

@@ -24,6 +24,7 @@ from prorag.pipelines.sft.params import SftParams
 from prorag.pipelines.sft_synthesis.params import SftSynthesisParams
 from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.rewards.base import RewardSettings
+from prorag.scale.placement import PlacementSpec
 from prorag.specs import PolicySpec, TrainedAgentSpec
 from prorag.tracking import TrackingParams
 
@@ -33,6 +34,7 @@ PARAMETER_SCHEMAS: Final[dict[str, type[BaseModel]]] = {
     "agent": TrainedAgentSpec,
     "reward": RewardSettings,  # validated by the settings of the reward its `kind` names
     "tracking": TrackingParams,
+    "placement": PlacementSpec,  # GPUs and ports of a one-node GPU run (conf/gpu); absent on CPU
     # one per pipeline (conf/base/parameters_<pipeline>.yml)
     "data_preparation": DataPreparationParams,
     "corpus_indexing": CorpusIndexingParams,

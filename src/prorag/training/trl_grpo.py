@@ -44,6 +44,7 @@ from trl.import_utils import is_vllm_available
 from trl.models.utils import unwrap_model_for_generation
 
 from prorag.agent.runner import build_engine
+from prorag.judges.limits import usage_metrics
 from prorag.llm.generation import Generator
 from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
 from prorag.llm.transformers_backend import TransformersGenerator
@@ -158,6 +159,8 @@ class AgentRolloutFunction:
                                            str(trainer.scale_rewards))
             trainer.record_rollout_stats({**scored.stats, **({"process_shaped": shaped} if shaped else {})})
             for name, value in self.last_refill.items():
+                trainer.log_metric(name, value)
+            for name, value in usage_metrics().items():  # the judges' calls, tokens and cost so far
                 trainer.log_metric(name, value)
         self.last_rollouts = rollouts
         completions = [_completion_arrays(rollout) for rollout in rollouts]
