@@ -37,6 +37,7 @@ from prorag.tracking import (
     redact_text,
 )
 from prorag.tracking.missing_inputs import PipelineShape, check_inputs_have_versions
+from prorag.tracking.model_reference import BackgroundUploads, log_model_folder
 from prorag.tracking.run_manifest import RunManifest, RunManifests, choose_load_versions
 from prorag.tracking.runs import (
     ADAPTER_TAG,
@@ -266,6 +267,7 @@ class MlflowTrackingHook:
         self._traces: dict[tuple[str, str, int], TraceRef] = {}
         self._adapter_names: dict[str, str] = {}
         self._logged_inputs: set[tuple[str, str]] = set()
+        self._uploads = BackgroundUploads()
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,
@@ -405,7 +407,9 @@ class MlflowTrackingHook:
             if self._settings.log_models and is_peft_adapter(path):
                 self._safely(f"the model of {dataset_name}", self._log_adapter, dataset_name, path, run_id)
             else:
-                self._client.log_artifacts(run_id, str(path), artifact_path=f"models/{dataset_name}")
+                log_model_folder(self._client, run_id, path, dataset_name,
+                                 max_artifact_mb=self._settings.max_artifact_mb,
+                                 upload=self._settings.upload_large_models, uploads=self._uploads)
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -428,6 +432,7 @@ class MlflowTrackingHook:
     def _finish(self, status: str) -> None:
         """End the open stage run, the method runs and the parent with ``status``; say how to open the run."""
         self._run_active = False
+        self._uploads.join()  # background uploads of large models (tracking.upload_large_models) end first
         self._safely("traces", mlflow.flush_trace_async_logging)
         active = mlflow.active_run()
         while active is not None and active.info.run_id != self._parent_id:
