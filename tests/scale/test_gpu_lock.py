@@ -54,7 +54,7 @@ def test_the_lock_keeps_every_core_pin_but_the_two_it_must_change():
 
 def _index_reachable(url: str = "https://pypi.org/simple/pip/") -> str | None:
     try:
-        with urllib.request.urlopen(url, timeout=10):  # noqa: S310 - a fixed https URL
+        with urllib.request.urlopen(url, timeout=10):
             return None
     except OSError as error:
         return f"the package index cannot be reached ({error}): the GPU lock was not resolved"

@@ -4,6 +4,7 @@ project's own OpenAI-compatible server on loopback, and MLflow with a sqlite sto
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -78,7 +79,7 @@ def test_processes_share_the_schedule_through_the_state_file(tmp_path):
     first, second = RateLimiter(60, state_file=state), RateLimiter(60, state_file=state)  # 1 per second, burst 1
     waits = [limiter._reserve() for limiter in (first, second, first, second)]
     assert waits[0] == pytest.approx(0.0, abs=0.05)
-    for earlier, later in zip(waits, waits[1:], strict=False):
+    for earlier, later in itertools.pairwise(waits):
         assert later - earlier == pytest.approx(1.0, abs=0.05)
 
 

@@ -323,8 +323,8 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
                                  target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
     server = rollout_function.policy_server
     if server is not None and not is_vllm_available():
-        raise ImportError(f"a policy server ({server.base_url}) needs vllm installed (the GPU lock: make gpu-setup): TRL pushes the "
-                          "trained weights to it through vLLM's client before every generation batch")
+        raise ImportError(f"a policy server ({server.base_url}) needs vllm installed (the GPU lock: make gpu-setup): "
+                          "TRL pushes the trained weights to it through vLLM's client before every generation batch")
     vllm = ({"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": server.root}
             if server is not None else {})
     trl_names = settings.model_dump(include={
