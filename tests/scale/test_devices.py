@@ -95,3 +95,13 @@ def test_full_parameter_bf16_training_keeps_fp32_master_weights_that_move_at_lr_
     assert trainer.args.bf16  # bf16 compute under autocast
     state = optimizer.state[parameters[0]]
     assert state["exp_avg"].dtype == torch.float32
+
+
+def test_the_preflight_runs_as_a_hook_before_mlflow_opens_a_run():
+    from prorag.hooks import GpuPreflightHook, MlflowTrackingHook, ParameterValidationHook
+    from prorag.settings import HOOKS
+
+    kinds = [type(hook) for hook in HOOKS]
+    # pluggy calls tryfirst hooks first, the later-registered first: validation, then the preflight, then MLflow
+    assert kinds.index(GpuPreflightHook) < kinds.index(ParameterValidationHook) < kinds.index(MlflowTrackingHook)
+    assert GpuPreflightHook.before_pipeline_run.kedro_impl["tryfirst"]  # type: ignore[attr-defined]
