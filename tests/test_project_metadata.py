@@ -32,10 +32,13 @@ def test_installed_versions_match_the_pins(project_root):
     assert checked >= 20
 
 
-def test_gpu_extra_is_declared_but_optional(project_root):
+def test_the_gpu_stack_is_the_lock_not_an_extra(project_root):
+    """`.[gpu]` cannot resolve (vllm 0.30 needs fastapi<0.137) and would put faiss-gpu beside faiss-cpu; the GPU
+    stack is requirements/gpu.txt (tests/scale/test_gpu_lock.py checks it)."""
     project = _pyproject(project_root)["project"]
-    assert {"vllm", "faiss-gpu-cu12"} <= set(project["optional-dependencies"]["gpu"])
+    assert "gpu" not in project.get("optional-dependencies", {})
     assert not any(dep.startswith("vllm") for dep in project["dependencies"])
+    assert (project_root / "requirements" / "gpu.txt").is_file()
 
 
 def test_telemetry_is_off(project_root):

@@ -26,11 +26,13 @@ if TYPE_CHECKING:
 
 
 def build_policy(policy: PolicySpec) -> Generator:
-    """The policy's generator (in-process transformers with the adapter merged, or an OpenAI-compatible server),
-    labelled with :attr:`PolicySpec.label` for progress bars (:func:`prorag.llm.generation.policy_label`)."""
+    """The policy's generator (in-process transformers with the adapter merged, or an OpenAI-compatible server that
+    serves a trained adapter or full model by name: :mod:`prorag.llm.served`), labelled with
+    :attr:`PolicySpec.label` for progress bars (:func:`prorag.llm.generation.policy_label`)."""
     generator = build_generator(policy.model, backend=policy.backend, adapter=policy.adapter, dtype=policy.dtype,
                                 batch_size=policy.batch_size, base_url=policy.base_url,
-                                api_key_env=policy.api_key_env)
+                                api_key_env=policy.api_key_env, trained_server=policy.trained_server,
+                                device=policy.device)
     with contextlib.suppress(AttributeError):  # a generator with __slots__ keeps its class name as the label
         generator.label = policy.label  # type: ignore[attr-defined]
     return generator

@@ -40,6 +40,7 @@ from prorag.tracking import (
     redact_text,
 )
 from prorag.tracking.missing_inputs import PipelineShape, check_inputs_have_versions
+from prorag.tracking.model_reference import BackgroundUploads, log_model_folder
 from prorag.tracking.run_manifest import RunManifest, RunManifests, choose_load_versions, process_alive
 from prorag.tracking.runs import (
     ADAPTER_TAG,
@@ -131,6 +132,19 @@ class ParameterValidationHook:
         from prorag.pipelines.parameter_schemas import all_parameter_schemas  # the one explicit list
 
         validate_parameters(_parameters(catalog), all_parameter_schemas())
+
+
+class GpuPreflightHook:
+    """Refuses, before any node (and before MLflow opens a run), a GPU run that cannot work: colliding GPUs or
+    ports, a trainer process that would see several GPUs (it is given ``placement.trainer_gpu`` when CUDA is not
+    initialised yet), a process that cannot fit its GPU (:func:`prorag.scale.preflight.preflight`). Runs after
+    :class:`ParameterValidationHook` (both ``tryfirst``; registered before it in ``settings.HOOKS``)."""
+
+    @hook_impl(tryfirst=True)
+    def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline, catalog: DataCatalog) -> None:
+        from prorag.scale.preflight import preflight
+
+        preflight(_parameters(catalog))
 
 
 class RunVersionHook:
@@ -274,6 +288,7 @@ class MlflowTrackingHook:
         self._traces: dict[tuple[str, str, int], TraceRef] = {}
         self._adapter_names: dict[str, str] = {}
         self._logged_inputs: set[tuple[str, str]] = set()
+        self._uploads = BackgroundUploads()
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,
@@ -399,7 +414,18 @@ class MlflowTrackingHook:
                 rewards = next((value for key, value in outputs.items() if key.endswith("trajectory_rewards")), None)
                 rollouts = next((value for value in inputs.values() if is_rollout_records(value)), [])
                 self._safely("judge verdicts", self._log_verdicts, data, rollouts, rewards)
+        self._safely("judge usage", self._log_judge_usage, stage_run)
         self._end_stage_run(stage_run, "FINISHED")
+
+    def _log_judge_usage(self, stage_run: str) -> None:
+        """The LLM judges' calls, tokens and estimated cost so far (:func:`prorag.judges.limits.usage_metrics`),
+        on the stage run and the parent run."""
+        from prorag.judges.limits import usage_metrics
+
+        metrics = usage_metrics()
+        if metrics:
+            for run_id in {stage_run, self._parent_id}:
+                _log_batch(self._client, run_id, [(key, value, None) for key, value in metrics.items()])
 
     @hook_impl
     def on_node_error(self, error: Exception, node: Node) -> None:
@@ -429,7 +455,9 @@ class MlflowTrackingHook:
             if self._settings.log_models and is_peft_adapter(path):
                 self._safely(f"the model of {dataset_name}", self._log_adapter, dataset_name, path, run_id)
             else:
-                self._client.log_artifacts(run_id, str(path), artifact_path=f"models/{dataset_name}")
+                log_model_folder(self._client, run_id, path, dataset_name,
+                                 max_artifact_mb=self._settings.max_artifact_mb,
+                                 upload=self._settings.upload_large_models, uploads=self._uploads)
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -452,6 +480,7 @@ class MlflowTrackingHook:
     def _finish(self, status: str) -> None:
         """End the open stage run, the method runs and the parent with ``status``; say how to open the run."""
         self._run_active = False
+        self._uploads.join()  # background uploads of large models (tracking.upload_large_models) end first
         self._safely("traces", mlflow.flush_trace_async_logging)
         active = mlflow.active_run()
         while active is not None and active.info.run_id != self._parent_id:

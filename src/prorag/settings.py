@@ -3,7 +3,7 @@
 import os
 
 from prorag.config_loader import ProjectConfigLoader
-from prorag.hooks import MlflowTrackingHook, ParameterValidationHook, ResultScreenHook, RunVersionHook
+from prorag.hooks import GpuPreflightHook, MlflowTrackingHook, ParameterValidationHook, ResultScreenHook, RunVersionHook
 from prorag.redaction import install_log_redaction
 from prorag.tracking.timing import NodeTimingHook
 
@@ -13,8 +13,10 @@ os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 install_log_redaction()
 
 # pluggy calls hooks last-registered first: RunVersionHook pins (or refuses) the inputs before an MLflow run opens;
+# GpuPreflightHook before ParameterValidationHook: both run first (tryfirst), the later-registered first;
 # ResultScreenHook prints the run's result after every other hook has ended.
-HOOKS = (ResultScreenHook(), ParameterValidationHook(), MlflowTrackingHook(), RunVersionHook(), NodeTimingHook())
+HOOKS = (ResultScreenHook(), GpuPreflightHook(), ParameterValidationHook(), MlflowTrackingHook(), RunVersionHook(),
+         NodeTimingHook())
 
 # Parameters are soft-merged: an env file (conf/gpu, conf/local) overrides the keys it names and keeps the rest
 # of conf/base (Kedro's default, "destructive", would replace each top-level namespace wholesale).

@@ -19,10 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from prorag.config import Dtype, PositiveInt, Seed, StrictModel
 from prorag.llm.registry import BUNDLED_SMOLLM2
+from prorag.llm.served import TrainedServerSpec
 from prorag.protocol.registry import protocol_names
 
 RetrieverKind = Literal["dense", "bm25", "hybrid", "kag", "kag_concat"]
@@ -50,6 +51,11 @@ class PolicySpec(StrictModel):
     """The NAME of the environment variable holding the key (backend openai); null: a keyless local server."""
     dtype: Dtype = "float32"
     batch_size: PositiveInt = 8
+    device: str = "cpu"
+    """transformers backend: the torch device of the in-process model (``cuda`` on a GPU)."""
+    trained_server: TrainedServerSpec | None = None
+    """backend openai: where a full-parameter trained model is served by name (:mod:`prorag.llm.served`); LoRA
+    adapters are loaded into the ``base_url`` server instead."""
 
     @property
     def label(self) -> str:
@@ -78,6 +84,13 @@ class RetrieverSpec(StrictModel):
     top_k: PositiveInt = 3
 
 
+class TokenPrice(StrictModel):
+    """A judge model's price in USD per million tokens."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+
 class JudgeSpec(StrictModel):
     """One judge: ``reference`` (deterministic, no model) or ``llm`` (any OpenAI-compatible endpoint)."""
 
@@ -91,9 +104,23 @@ class JudgeSpec(StrictModel):
     timeout: float = Field(default=30.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
     temperature: float | None = Field(default=0.0, ge=0)
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    """One limiter per endpoint, shared by every judge and process of the node (:mod:`prorag.judges.limits`)."""
+    max_unknown_rate: float | None = Field(default=None, ge=0, le=1)
+    """Stop the run when a batch has more unknown verdicts than this share (fail closed); None: never."""
+    budget_usd: float | None = Field(default=None, gt=0)
+    """Stop judging once the endpoint's estimated spend reaches it (needs ``price_per_million_tokens``)."""
+    price_per_million_tokens: TokenPrice | None = None
+    """USD per million input and output tokens, for the cost in MLflow and the budget."""
     f1_threshold: float = Field(default=0.8, gt=0, le=1)
     grounding_threshold: float = Field(default=0.6, gt=0, le=1)
     top_k: PositiveInt = 5
+
+    @model_validator(mode="after")
+    def _budget_has_a_price(self) -> JudgeSpec:
+        if self.budget_usd is not None and self.price_per_million_tokens is None:
+            raise ValueError("budget_usd needs price_per_million_tokens (the spend is estimated from the usage)")
+        return self
 
 
 class AgentSpec(StrictModel):

@@ -11,6 +11,11 @@
 * **persistent cache** — with a :class:`~prorag.judges.cache.JudgeCache`, every reply that parsed is written as
   soon as it arrives, keyed by the endpoint, the model, the messages and the sampling parameters; a re-run, or a
   run after a crash, sends only what is missing. Identical requests within one batch are sent once;
+* **limits at scale** (:mod:`prorag.judges.limits`) — ``requests_per_minute``: one rate limiter per endpoint
+  shared by every judge of the process (and, through a file lock, by every process of the node); each reply's
+  ``usage`` is added up with its cost at ``price_per_million_tokens``; ``budget_usd`` stops judging once the
+  endpoint's spend reaches it; ``max_unknown_rate`` stops the run when a batch has more unknown verdicts than
+  that share (fail closed);
 * **strict parsing** — an unparsable reply, and a reply that is no chat completion at all (an HTML page from a
   wrong ``base_url`` or a proxy, garbage JSON), is an unknown verdict, counted and logged, never cached: no
   per-item failure raises.
@@ -48,6 +53,14 @@ from prorag.judges.base import (
     check_steps,
 )
 from prorag.judges.cache import JudgeCache, cache_key
+from prorag.judges.limits import (
+    JudgeBudgetExceeded,
+    RateLimiter,
+    check_unknown_rate,
+    endpoint_cost,
+    record_usage,
+    shared_limiter,
+)
 from prorag.judges.prompts import (
     Messages,
     answer_messages,
@@ -75,6 +88,8 @@ class JudgeStats:
     http_calls: int = 0
     errors: int = 0
     unparsable: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
 
     def snapshot(self) -> dict[str, int]:
         return dict(vars(self))
@@ -91,7 +106,10 @@ class LLMJudge:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *, max_concurrency: int = 32,
                  timeout: float = 30.0, max_retries: int = 2, temperature: float | None = 0.0,
                  max_tokens: int | None = 1024, cache: JudgeCache | None = None,
-                 extra_body: Mapping[str, Any] | None = None) -> None:
+                 extra_body: Mapping[str, Any] | None = None, requests_per_minute: float | None = None,
+                 rate_limit_dir: str | None = None, max_unknown_rate: float | None = None,
+                 budget_usd: float | None = None,
+                 price_per_million_tokens: tuple[float, float] | None = None) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if timeout <= 0:
@@ -112,6 +130,14 @@ class LLMJudge:
         self.cache = cache
         self.extra_body = dict(extra_body or {})
         self.stats = JudgeStats()
+        self.limiter: RateLimiter | None = (shared_limiter(self.base_url, requests_per_minute,
+                                                           state_dir=rate_limit_dir)
+                                            if requests_per_minute is not None else None)
+        self.max_unknown_rate = max_unknown_rate
+        self.budget_usd = budget_usd
+        self.price_per_million_tokens = price_per_million_tokens
+        if budget_usd is not None and price_per_million_tokens is None:
+            raise ValueError("budget_usd needs price_per_million_tokens (the cost is estimated from the usage)")
         self._api_key = api_key or KEYLESS  # never a variable the caller did not name (issue 11)
         self._session = AsyncOpenAISession(f"prorag-judge-{model}", base_url=self.base_url, api_key=self._api_key,
                                            timeout=self.timeout, max_retries=self.max_retries,
@@ -189,6 +215,9 @@ class LLMJudge:
         return params
 
     async def _judge(self, task: str, conversations: list[Messages], parse: Parser) -> list[Verdict]:
+        if self.budget_usd is not None and endpoint_cost(self.base_url) >= self.budget_usd:
+            raise JudgeBudgetExceeded(f"judge {self.model} at {self.base_url}: the estimated spend "
+                                      f"${endpoint_cost(self.base_url):.2f} reached budget_usd ${self.budget_usd:g}")
         params = self._params()
         keys = [cache_key(self.model, messages, params, endpoint=self.base_url) for messages in conversations]
         cached: dict[str, str] = {}
@@ -214,8 +243,10 @@ class LLMJudge:
             value = parse(raw)
             verdicts.append(Verdict(value, raw=raw, error=None if value is not None else "unparsable reply",
                                     cached=from_cache))
-        self._count(task, verdicts, hits=sum(key in cached for key in keys), calls=len(missing),
-                    errors=sum(error is not None for _, error in results))
+        errors = sum(error is not None for _, error in results)
+        self._count(task, verdicts, hits=sum(key in cached for key in keys), calls=len(missing), errors=errors)
+        check_unknown_rate(self.model, task, sum(verdict.value is None for verdict in verdicts), len(verdicts),
+                           self.max_unknown_rate)
         return verdicts
 
     async def _request(self, task: str, key: str, messages: Messages, params: dict[str, Any],
@@ -225,6 +256,8 @@ class LLMJudge:
         options = dict(params)
         extra = {name: options.pop(name) for name in self.extra_body}
         async with semaphore:
+            if self.limiter is not None:
+                await self.limiter.acquire()
             try:
                 response = await client.chat.completions.create(model=self.model, messages=messages,
                                                                 extra_body=extra or None, **options)
@@ -237,6 +270,7 @@ class LLMJudge:
                 return "", f"HTTP {error.status_code}: {_error_message(error)}"
             except Exception as error:  # malformed answer, client-side error: an unknown verdict, never a crash
                 return "", f"{type(error).__name__}: {error}"
+        self._record_usage(response)
         raw, error = _reply_text(response)
         if error is not None:
             return "", error
@@ -246,6 +280,14 @@ class LLMJudge:
             except sqlite3.Error as error:  # the verdict stands; only its persistence failed
                 logger.warning("judge cache %s: cannot store a reply: %s", self.cache.path, error)
         return raw, None
+
+    def _record_usage(self, response: object) -> None:
+        usage = getattr(response, "usage", None)
+        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion = int(getattr(usage, "completion_tokens", 0) or 0)
+        self.stats.input_tokens += prompt
+        self.stats.output_tokens += completion
+        record_usage(self.base_url, self.model, prompt, completion, self.price_per_million_tokens)
 
     def _count(self, task: str, verdicts: list[Verdict], *, hits: int, calls: int, errors: int) -> None:
         unparsable = sum(verdict.error == "unparsable reply" for verdict in verdicts)

@@ -27,6 +27,15 @@ name it in ``stop_reason``, and it is appended back so that ``text`` ends with i
 :mod:`prorag.llm.generation` contract says. A server without ``stop_reason`` gives ``stop=None`` and a text
 without the stop string.
 
+Sampling fields: every request states its whole sampler. vLLM fills each field a request leaves out from the
+model's ``generation_config.json`` (``--generation-config auto``, its default: Qwen2.5-Instruct brings ``top_k`` 20
+and ``repetition_penalty`` 1.05), and with ``--logprobs-mode processed_logprobs`` the returned log-probabilities
+include those processors while a trainer's do not. So ``temperature`` and ``top_p`` are always sent, and with
+``neutral_sampling=True`` (the default) so are :data:`NEUTRAL_SAMPLING` — ``top_k`` 0 (the whole vocabulary),
+``min_p`` 0, ``repetition_penalty`` 1, ``presence_penalty`` and ``frequency_penalty`` 0 — the values TRL's own vLLM
+client and the in-process backend sample with. Set ``neutral_sampling=False`` for OpenAI's API (it rejects the
+vLLM-only fields); ``extra_body`` still overrides any of them.
+
 Chat requests carry ``max_completion_tokens`` (OpenAI's current name for ``max_tokens``; vLLM and
 ``prorag serve`` accept it too). Log-probabilities are those the server reports for the sampled tokens
 (vLLM: by default from the raw model logits; ``prorag serve``: at the sampling temperature).
@@ -66,6 +75,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Mode = Literal["completions", "chat"]
+
+NEUTRAL_SAMPLING: Final[dict[str, float | int]] = {
+    "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+"""Sampler fields sent explicitly so a server's generation-config defaults never apply (module docstring)."""
 
 KEYLESS: Final = "EMPTY"
 """What is sent as the key to a keyless server (the ``openai`` client needs some key; vLLM and an unkeyed
@@ -132,7 +145,7 @@ class OpenAICompatibleGenerator:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *, mode: Mode = "completions",
                  max_concurrency: int = 16, timeout: float = 60.0, max_retries: int = 3,
                  tokenizer: str | PreTrainedTokenizerBase | None = None, return_token_ids: bool = True,
-                 extra_body: Mapping[str, Any] | None = None) -> None:
+                 extra_body: Mapping[str, Any] | None = None, neutral_sampling: bool = True) -> None:
         if mode not in ("completions", "chat"):
             raise ValueError(f"mode must be 'completions' or 'chat', got {mode!r}")
         if max_concurrency < 1:
@@ -149,6 +162,7 @@ class OpenAICompatibleGenerator:
         self.max_retries = max_retries
         self.return_token_ids = return_token_ids
         self.extra_body = dict(extra_body or {})
+        self.neutral_sampling = neutral_sampling
         self._api_key = api_key or KEYLESS  # never a variable the caller did not name (issue 11)
         if isinstance(tokenizer, str):
             from prorag.llm.registry import load_tokenizer
@@ -240,11 +254,17 @@ class OpenAICompatibleGenerator:
     def _common(self, params: SamplingParams) -> dict[str, Any]:
         options: dict[str, Any] = {"model": self.model, "n": params.n, "temperature": params.temperature,
                                    "top_p": params.top_p}
+        if self.neutral_sampling:  # OpenAI fields as top-level options, vLLM's own through extra_body
+            options["presence_penalty"] = NEUTRAL_SAMPLING["presence_penalty"]
+            options["frequency_penalty"] = NEUTRAL_SAMPLING["frequency_penalty"]
         if params.stop:
             options["stop"] = list(params.stop)
         if params.seed is not None:
             options["seed"] = params.seed
-        extra = dict(self.extra_body)
+        extra: dict[str, Any] = {}
+        if self.neutral_sampling:
+            extra.update({key: NEUTRAL_SAMPLING[key] for key in ("top_k", "min_p", "repetition_penalty")})
+        extra.update(self.extra_body)
         if self.return_token_ids:
             extra.setdefault("return_token_ids", True)
         if extra:

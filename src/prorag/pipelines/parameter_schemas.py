@@ -30,6 +30,7 @@ from prorag.pipelines.sft_synthesis.params import SftSynthesisParams
 from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.rewards.base import RewardSettings
 from prorag.rewards.registry import check_reward_protocol
+from prorag.scale.placement import PlacementSpec
 from prorag.specs import PolicySpec, RetrieverSpec, TrainedAgentSpec
 from prorag.tracking import TrackingParams
 
@@ -93,6 +94,7 @@ PARAMETER_SCHEMAS: Final[dict[str, type[BaseModel]]] = {
     "retriever": RetrieverSpec,
     "methods": MethodsParams,  # conf/base/parameters_methods.yml: one entry per method, resolved over the above
     "tracking": TrackingParams,
+    "placement": PlacementSpec,  # GPUs and ports of a one-node GPU run (conf/gpu); absent on CPU
     # one per pipeline (conf/base/parameters_<pipeline>.yml)
     "data_preparation": DataPreparationParams,
     "corpus_indexing": CorpusIndexingParams,

@@ -32,7 +32,7 @@ def _parse_document(document: Any, where: str) -> tuple[str, str, str]:
 
 
 class RetrievalClient:
-    """Search a remote index: ``RetrievalClient("http://127.0.0.1:8000").search(["q"], k=3)``.
+    """Search a remote index: ``RetrievalClient("http://127.0.0.1:8090").search(["q"], k=3)``.
 
     Requests carry at most ``max_queries_per_request`` queries (larger lists are split and re-joined);
     ``None`` asks the server's ``/health`` for its ``max_queries`` once (256 if it does not say).

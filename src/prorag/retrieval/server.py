@@ -13,7 +13,7 @@ wrong fields. Only loopback ``Host`` names are answered unless the server is bou
 (:mod:`prorag.serving.guard`).
 
 Run: ``python -m prorag.retrieval.server --index-dir data/06_models/retrieval_index/<version>/retrieval_index
---port 8001`` (a version folder of the ``retrieval_index`` dataset; ``kedro run --pipelines=index`` writes one).
+--port 8090`` (a version folder of the ``retrieval_index`` dataset; ``kedro run --pipelines=index`` writes one).
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8090
+"""Not 8000-8003: the policy, RL, judge and trained-policy vLLM servers of conf/gpu's placement."""
 
 
 class RetrieveRequest(BaseModel):
@@ -354,7 +356,7 @@ def start_background_server(
 def serve(
     retriever: Retriever,
     host: str = DEFAULT_HOST,
-    port: int = 8000,
+    port: int = DEFAULT_PORT,
     *,
     log_level: str = "info",
     **app_options: Any,
@@ -387,7 +389,7 @@ def build_parser(extensions: Sequence[ServerExtension] = ()) -> argparse.Argumen
                         help="dense (FAISS), bm25, hybrid, or kag / kag_concat with --knowledge-graph "
                              "(default: %(default)s)")
     parser.add_argument("--host", default=DEFAULT_HOST, help="interface to bind (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port (default: %(default)s)")
     parser.add_argument("--default-topk", type=int, default=3,
                         help="passages per query when a request gives no topk (default: %(default)s)")
     parser.add_argument("--max-topk", type=int, default=100,

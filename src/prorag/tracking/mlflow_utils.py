@@ -36,6 +36,11 @@ class TrackingParams(StrictModel):
     ``log_artifacts``)."""
     registered_model_prefix: str | None = Field(default="prorag-", pattern=r"^[A-Za-z0-9_.\-]*$")
     """Logged adapters are registered as ``<prefix><dataset>`` (``prorag-sft_adapter``); null: not registered."""
+    max_artifact_mb: float = Field(default=500.0, gt=0)
+    """A model folder (not a LoRA adapter) larger than this is logged as a reference (its URI, size and files), not
+    uploaded (:mod:`prorag.tracking.model_reference`)."""
+    upload_large_models: bool = False
+    """Also upload such a folder, on a background thread joined before the run ends."""
     input_datasets: list[str] = Field(default_factory=lambda: list(DEFAULT_INPUT_DATASETS))
     """Catalog datasets logged as run inputs (with a content digest) when a run loads or saves them."""
 

@@ -139,11 +139,13 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
     from trl import DPOConfig, DPOTrainer
 
     from prorag.llm.registry import load_causal_lm, resolve_model_path
+    from prorag.training.devices import ensure_one_device
 
     if not rows:
         raise ValueError("no preference rows")
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
+    ensure_one_device(config.use_cpu, what="DPO")
     device = "cpu" if config.use_cpu else "cuda"
     model, tokenizer = load_causal_lm(model_spec, dtype=config.dtype, device=device)
     if tokenizer.pad_token is None:

@@ -95,10 +95,12 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     from trl import SFTConfig, SFTTrainer
 
     from prorag.llm.registry import load_causal_lm
+    from prorag.training.devices import ensure_one_device
 
     rows = _training_rows(examples)
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
+    ensure_one_device(settings.use_cpu, what="SFT")
     model, tokenizer = load_causal_lm(model_spec, dtype=settings.dtype, device="cpu")
     config = SFTConfig(**{
         **settings.model_dump(include=set(SFT_TRL_NAMES)),

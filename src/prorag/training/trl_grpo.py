@@ -44,6 +44,7 @@ from trl.import_utils import is_vllm_available
 from trl.models.utils import unwrap_model_for_generation
 
 from prorag.agent.runner import build_engine
+from prorag.judges.limits import usage_metrics
 from prorag.llm.generation import Generator
 from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
 from prorag.llm.transformers_backend import TransformersGenerator
@@ -52,6 +53,7 @@ from prorag.rewards.scoring import Ratio
 from prorag.specs import AgentSpec, SamplingSpec
 from prorag.training.config import GRPO_TRL_NAMES, GRPOSettings
 from prorag.training.dapo import refill_uniform_groups
+from prorag.training.devices import ensure_one_device, fp32_master_weights
 from prorag.training.trl_private import GRPOTrainerHooks
 
 if TYPE_CHECKING:
@@ -157,6 +159,8 @@ class AgentRolloutFunction:
                                            str(trainer.scale_rewards))
             trainer.record_rollout_stats({**scored.stats, **({"process_shaped": shaped} if shaped else {})})
             for name, value in self.last_refill.items():
+                trainer.log_metric(name, value)
+            for name, value in usage_metrics().items():  # the judges' calls, tokens and cost so far
                 trainer.log_metric(name, value)
         self.last_rollouts = rollouts
         completions = [_completion_arrays(rollout) for rollout in rollouts]
@@ -299,11 +303,18 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
 
     from prorag.llm.registry import load_causal_lm
 
-    policy, tokenizer = load_causal_lm(model, dtype=settings.dtype) if isinstance(model, str) else model
+    ensure_one_device(settings.use_cpu, what="GRPO")
+    # Full-parameter training keeps fp32 master weights (and fp32 AdamW states) and computes in bf16 under
+    # autocast (mixed precision, as verl / DeepSpeed bf16 / FSDP do): an update of ~lr = 1e-6 is below half a
+    # bf16 ulp of a typical weight, so pure-bf16 weights would barely move. LoRA keeps the frozen base in
+    # ``dtype`` (PEFT holds the adapter in fp32).
+    load_dtype = "float32" if full_parameters else settings.dtype
+    policy, tokenizer = load_causal_lm(model, dtype=load_dtype) if isinstance(model, str) else model
     peft_config = None
     if full_parameters:
         if adapter_dir is not None:
             policy = PeftModel.from_pretrained(policy, str(adapter_dir)).merge_and_unload()
+        policy = fp32_master_weights(policy)
     elif adapter_dir is not None:
         policy = PeftModel.from_pretrained(policy, str(adapter_dir), is_trainable=True)
     else:
@@ -312,8 +323,8 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
                                  target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
     server = rollout_function.policy_server
     if server is not None and not is_vllm_available():
-        raise ImportError(f"a policy server ({server.base_url}) needs vllm installed (the gpu extra): TRL pushes the "
-                          "trained weights to it through vLLM's client before every generation batch")
+        raise ImportError(f"a policy server ({server.base_url}) needs vllm installed (the GPU lock: make gpu-setup): "
+                          "TRL pushes the trained weights to it through vLLM's client before every generation batch")
     vllm = ({"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": server.root}
             if server is not None else {})
     config = GRPOConfig(**{
@@ -321,7 +332,7 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
         **settings.model_dump(include=set(GRPO_TRL_NAMES)),
         "output_dir": str(checkpoint_dir),
         "report_to": [],
-        "bf16": settings.dtype == "bfloat16" and not settings.use_cpu,
+        "bf16": settings.dtype == "bfloat16" and (full_parameters or not settings.use_cpu),
         "fp16": False,
         "mask_truncated_completions": False,  # agent completions end with </answer>, not EOS
         "data_seed": settings.seed,

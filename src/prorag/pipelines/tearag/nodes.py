@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from prorag.kg.extraction import extract_triplets
 from prorag.kg.graph import KnowledgeGraph
 from prorag.kg.kag import attach_knowledge_graph
 from prorag.kg.params import KgExtractionParams
+from prorag.llm.generation import Generator
 from prorag.llm.registry import load_tokenizer
 from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.retrieval import RetrievalIndex
@@ -113,6 +115,13 @@ def train_tearag_sft(example_records: list[dict[str, Any]], policy: PolicySpec,
     return str(adapter_dir), curve
 
 
+def ip_dpo_sampler(policy: PolicySpec) -> Callable[[str], Generator]:
+    """The IP-DPO sampling policy of a round (its current adapter): ``policy``'s own backend — with ``backend:
+    openai`` the policy server, the adapter loaded into it by vLLM's LoRA support — never an in-process copy on
+    the CPU beside the GPU the trainer uses."""
+    return lambda adapter: build_policy(policy.with_trained(adapter))
+
+
 def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list[dict[str, Any]],
                       index: RetrievalIndex, graph: KnowledgeGraph, sft_adapter: str, kg: KgExtractionParams,
                       policy: PolicySpec, params: TeaRAGParams
@@ -133,7 +142,8 @@ def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list
                          params.agent, cfg.sampling, reward, settings, cfg.trainer,
                          Path(tempfile.mkdtemp(prefix="prorag-ip-dpo-")), policy_batch_size=policy.batch_size,
                          dtype=policy.dtype,
-                         callbacks=lambda round_index: [MlflowStepMetrics(f"tearag_dpo_round{round_index}")])
+                         callbacks=lambda round_index: [MlflowStepMetrics(f"tearag_dpo_round{round_index}")],
+                         generator_factory=ip_dpo_sampler(policy))
     adapter = next((result.adapter for result in reversed(results) if result.adapter), sft_adapter)
     metrics = [{"step": result.round, **result.metrics} for result in results]
     pairs = [{"round": result.round, **pair} for result in results for pair in result.pairs]

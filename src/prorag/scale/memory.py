@@ -1,0 +1,181 @@
+"""GPU memory arithmetic of a one-node run: refuse, before any work, what cannot fit the declared GPUs.
+
+Estimates (GiB = 2**30 bytes), per process, from the model's size and the configured batch:
+
+* **Full-parameter training** (mixed precision, :mod:`prorag.training.devices`): fp32 master weights (4 B), fp32
+  gradients (4 B) and AdamW's two fp32 moments (8 B) — 16 B per parameter — plus a bf16 reference model (2 B) when
+  the KL coefficient ``beta`` > 0 (TRL loads a second copy for a full model).
+* **LoRA training**: the frozen base in bf16 (2 B per parameter); the adapter and its optimizer are negligible, and
+  PEFT's reference is the base with the adapter disabled (no copy).
+* **Activations**: with gradient checkpointing, every layer's input is kept — ``micro-batch × sequence × hidden ×
+  2 B × layers`` — plus one layer recomputed in full (≈ 34 × hidden B per token, Korthikanti et al. 2022); without
+  it, every layer's. Trainers that materialise the logits (SFT, DPO) add ``micro-batch × sequence × vocabulary ×
+  4 B``; TRL's GRPO computes log-probabilities in chunks and adds one chunk.
+* **A vLLM server** needs its weights (2 B per parameter in bf16, 1 in FP8) split over its tensor-parallel GPUs
+  within ``gpu_memory_utilization`` of each, with at least :data:`KV_RESERVE` of it left for the KV cache.
+
+A refusal names the knob that fixes it. Models are known by name (:data:`MODELS`) or by a local ``config.json``; a
+model whose size cannot be found is reported and not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from prorag.scale.placement import PlacementSpec
+
+logger = logging.getLogger(__name__)
+
+GIB: Final = float(2**30)
+HEADROOM: Final = 0.92
+"""Share of a GPU a trainer may plan to use (the CUDA context, the allocator's fragmentation and NCCL take the
+rest)."""
+KV_RESERVE: Final = 0.15
+"""Share of a vLLM server's memory budget that must stay free of weights for the KV cache."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the arithmetic needs of a model."""
+
+    parameters: float
+    hidden: int
+    layers: int
+    vocabulary: int
+
+
+MODELS: Final[dict[str, ModelShape]] = {
+    "Qwen/Qwen2.5-0.5B-Instruct": ModelShape(0.494e9, 896, 24, 151_936),
+    "Qwen/Qwen2.5-1.5B-Instruct": ModelShape(1.54e9, 1536, 28, 151_936),
+    "Qwen/Qwen2.5-3B-Instruct": ModelShape(3.09e9, 2048, 36, 151_936),
+    "Qwen/Qwen2.5-7B-Instruct": ModelShape(7.62e9, 3584, 28, 152_064),
+    "Qwen/Qwen2.5-14B-Instruct": ModelShape(14.8e9, 5120, 48, 152_064),
+    "meta-llama/Meta-Llama-3-8B-Instruct": ModelShape(8.03e9, 4096, 32, 128_256),
+    "Qwen/Qwen3-235B-A22B-Instruct-2507": ModelShape(235.1e9, 4096, 94, 151_936),
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": ModelShape(235.1e9, 4096, 94, 151_936),
+}
+"""Sizes from the models' ``config.json`` (parameters as published)."""
+
+
+class MemoryPlanError(ValueError):
+    """A declared process cannot fit its GPU(s)."""
+
+
+def model_shape(model: str) -> ModelShape | None:
+    """:data:`MODELS`, else a local folder's ``config.json`` (parameters estimated from its shapes), else None."""
+    if model in MODELS:
+        return MODELS[model]
+    config = Path(model).expanduser() / "config.json"
+    if not config.is_file():
+        return None
+    data = json.loads(config.read_text())
+    hidden, layers = int(data["hidden_size"]), int(data["num_hidden_layers"])
+    vocabulary = int(data.get("vocab_size", 32_000))
+    intermediate = int(data.get("intermediate_size", 4 * hidden))
+    per_layer = 4 * hidden * hidden + 3 * hidden * intermediate
+    return ModelShape(float(layers * per_layer + 2 * vocabulary * hidden), hidden, layers, vocabulary)
+
+
+@dataclass(frozen=True)
+class TrainerLoad:
+    """One training stage as the memory check sees it; ``knob`` is the parameter prefix a refusal names."""
+
+    stage: str
+    knob: str
+    model: str
+    full_parameters: bool
+    reference_copy: bool
+    micro_batch: int
+    sequence: int
+    gradient_checkpointing: bool
+    logits: str = "full"
+    """``full`` (SFT, DPO: micro-batch × sequence × vocabulary fp32) or ``chunked`` (TRL GRPO)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """GiB of one stage: ``states`` (weights, gradients, optimizer, reference) and ``activations``."""
+
+    stage: str
+    states: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.states + self.activations
+
+
+def estimate(load: TrainerLoad, shape: ModelShape) -> Estimate:
+    """The estimate of one training stage (module docstring)."""
+    bytes_per_parameter = 16.0 if load.full_parameters else 2.0
+    if load.reference_copy:
+        bytes_per_parameter += 2.0
+    states = shape.parameters * bytes_per_parameter
+    tokens = load.micro_batch * load.sequence
+    kept_layers = shape.layers if load.gradient_checkpointing else 0
+    per_token = shape.hidden * (2.0 * kept_layers + 34.0 * (1 if load.gradient_checkpointing else shape.layers))
+    logits_tokens = tokens if load.logits == "full" else min(tokens, 2 * load.sequence)
+    activations = tokens * per_token + logits_tokens * shape.vocabulary * 4.0
+    return Estimate(load.stage, states / GIB, activations / GIB)
+
+
+def check_trainers(loads: list[TrainerLoad], placement: PlacementSpec) -> list[Estimate]:
+    """Estimate every GPU stage; refuse the first that cannot fit ``placement.gpu_memory_gib`` (one process, one
+    GPU), naming the knob."""
+    budget = placement.gpu_memory_gib * HEADROOM
+    estimates = []
+    for load in loads:
+        shape = model_shape(load.model)
+        if shape is None:
+            logger.warning("memory check: the size of %s (%s) is unknown; %s is not checked", load.model, load.stage,
+                           load.stage)
+            continue
+        found = estimate(load, shape)
+        estimates.append(found)
+        if found.total <= budget:
+            continue
+        what = (f"{load.stage} needs about {found.total:.0f} GiB on one GPU ({found.states:.0f} GiB of weights, "
+                f"gradients, optimizer and reference, {found.activations:.0f} GiB of activations for "
+                f"{load.micro_batch} sequences of {load.sequence} tokens), more than {budget:.0f} GiB "
+                f"({HEADROOM:.0%} of placement.gpu_memory_gib {placement.gpu_memory_gib:g})")
+        if found.states > budget:
+            fix = (f"train a LoRA adapter ({load.knob} lora: true), a smaller policy.model, or shard the states "
+                   "over several GPUs with accelerate launch + DeepSpeed ZeRO-3 (docs/scaling.md)")
+        else:
+            room = budget - found.states
+            fitting = max(0, int(load.micro_batch * room / found.activations)) if found.activations else 0
+            fix = (f"lower {load.knob}per_device_train_batch_size to at most {fitting} (raise "
+                   f"gradient_accumulation_steps to keep the batch)" if fitting >= 1 else
+                   f"shorten the sequences or turn on {load.knob}gradient_checkpointing")
+        raise MemoryPlanError(f"{what}: {fix}")
+    return estimates
+
+
+def check_servers(placement: PlacementSpec) -> dict[str, float]:
+    """GiB of weights per GPU of every declared server with a known model; refuse one whose weights leave less
+    than :data:`KV_RESERVE` of its budget for the KV cache, naming its GPUs and utilisation."""
+    per_gpu: dict[str, float] = {}
+    for name, server in placement.active().items():
+        if server.model is None or not server.gpus:
+            continue
+        shape = model_shape(server.model)
+        if shape is None:
+            logger.warning("memory check: the size of %s (servers.%s) is unknown; not checked", server.model, name)
+            continue
+        weights = shape.parameters * server.bytes_per_parameter / len(server.gpus) / GIB
+        budget = placement.gpu_memory_gib * server.gpu_memory_utilization
+        per_gpu[name] = weights
+        if weights > budget * (1 - KV_RESERVE):
+            raise MemoryPlanError(
+                f"servers.{name} serves {server.model} over {len(server.gpus)} GPU(s): {weights:.0f} GiB of weights "
+                f"per GPU against {budget:.0f} GiB (gpu_memory_utilization {server.gpu_memory_utilization:g} of "
+                f"{placement.gpu_memory_gib:g} GiB), leaving under {KV_RESERVE:.0%} for the KV cache: give "
+                f"placement.servers.{name}.gpus more GPUs (tensor parallel), or serve an FP8 checkpoint "
+                "(bytes_per_parameter: 1)")
+    return per_gpu
+
+

@@ -1,0 +1,114 @@
+"""Before the first node of a GPU run: placement, one GPU for the trainer, memory of every process.
+
+:func:`preflight` is what the run's hook calls with the whole parameter tree (:class:`prorag.hooks.GpuPreflightHook`);
+:func:`trainer_loads` is the one place that knows where the trainers' settings live in the parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prorag.scale.memory import Estimate, TrainerLoad, check_servers, check_trainers
+from prorag.scale.placement import PlacementSpec, check_placement, select_trainer_gpu
+
+logger = logging.getLogger(__name__)
+
+PROMPT_TOKENS = 1024
+"""The rendered prompt (instructions, few-shot examples, question) of an agent rollout, in tokens."""
+PASSAGE_TOKENS = 160
+"""One retrieved passage inserted into a rollout (about 100 words)."""
+
+
+def _get(tree: Any, dotted: str, default: Any = None) -> Any:
+    value = tree
+    for part in dotted.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return default
+        value = value[part]
+    return value
+
+
+def _rollout_tokens(agent: Mapping[str, Any], top_k: int) -> int:
+    return (PROMPT_TOKENS + int(agent.get("max_total_new_tokens", 1024))
+            + int(agent.get("step_budget", 4)) * top_k * PASSAGE_TOKENS)
+
+
+def trainer_loads(parameters: Mapping[str, Any]) -> list[TrainerLoad]:
+    """Every training stage of ``parameters`` that trains on a GPU (``use_cpu: false``), as the memory check sees
+    it: the shared stage blocks (with the shared agent) and each ``methods`` entry's stage blocks (with the method's
+    agent; a stage identical to the shared one is checked once)."""
+    model = str(_get(parameters, "policy.model", ""))
+    loads = _stage_loads(parameters, _get(parameters, "agent", {}) or {}, model, "")
+    for name, method in (_get(parameters, "methods", {}) or {}).items():
+        if not isinstance(method, Mapping):
+            continue
+        for load in _stage_loads(method.get("stages") or {}, method.get("agent") or {}, model,
+                                 f"methods.{name}.stages."):
+            if not any(_same(load, seen) for seen in loads):
+                loads.append(load)
+    return loads
+
+
+def _same(first: TrainerLoad, second: TrainerLoad) -> bool:
+    return (first.stage, first.model, first.full_parameters, first.reference_copy, first.micro_batch,
+            first.sequence, first.gradient_checkpointing) == (second.stage, second.model, second.full_parameters,
+                                                              second.reference_copy, second.micro_batch,
+                                                              second.sequence, second.gradient_checkpointing)
+
+
+def _stage_loads(blocks: Mapping[str, Any], agent: Mapping[str, Any], model: str, knob: str) -> list[TrainerLoad]:
+    loads: list[TrainerLoad] = []
+    sft = _get(blocks, "sft")
+    if isinstance(sft, Mapping) and sft.get("use_cpu") is False:
+        loads.append(TrainerLoad("sft", f"{knob}sft.", model, False, False,
+                                 int(sft.get("per_device_train_batch_size", 4)),
+                                 int(sft.get("max_length") or _rollout_tokens(agent, 3)),
+                                 bool(sft.get("gradient_checkpointing", False))))
+    rl = _get(blocks, "rl")
+    trainer = _get(blocks, "rl.trainer", {}) or {}
+    if isinstance(rl, Mapping) and trainer.get("use_cpu") is False:
+        full = not rl.get("lora", True)
+        loads.append(TrainerLoad("rl", f"{knob}rl.trainer.", model, full,
+                                 full and float(trainer.get("beta", 0.0)) > 0,
+                                 int(trainer.get("per_device_train_batch_size", 4)),
+                                 _rollout_tokens(agent, int(_get(rl, "retriever.top_k", 3))),
+                                 bool(trainer.get("gradient_checkpointing", False)), logits="chunked"))
+    for stage, prefix in (("dpo", "dpo.trainer."), ("tearag_ip_dpo", "tearag.ip_dpo.trainer."),
+                          ("tearag_sft", "tearag.sft.")):
+        settings = _get(blocks, prefix.rstrip("."))
+        if not isinstance(settings, Mapping) or settings.get("use_cpu") is not False:
+            continue
+        pairs = 2 if "dpo" in stage else 1  # DPO runs chosen and rejected in one batch
+        loads.append(TrainerLoad(stage, f"{knob}{prefix}", model, False, False,
+                                 pairs * int(settings.get("per_device_train_batch_size", 1)),
+                                 int(settings.get("max_length") or _rollout_tokens(agent, 3)),
+                                 bool(settings.get("gradient_checkpointing", False))))
+    return loads
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks found: the placement, each training stage's estimate, each server's weights per GPU."""
+
+    placement: PlacementSpec | None
+    trainers: list[Estimate]
+    servers: dict[str, float]
+
+
+def preflight(parameters: Mapping[str, Any]) -> Preflight:
+    """Refuse, before any work, a run whose placement collides, whose trainer would see several GPUs, or whose
+    processes cannot fit their GPUs (:mod:`prorag.scale.placement`, :mod:`prorag.scale.memory`). A run without a
+    ``placement`` (the CPU default) only gets the one-GPU check of its GPU trainers."""
+    placement = check_placement(parameters)
+    loads = trainer_loads(parameters)
+    select_trainer_gpu(placement, training_on_gpu=bool(loads))
+    if placement is None:
+        return Preflight(None, [], {})
+    servers = check_servers(placement)
+    trainers = check_trainers(loads, placement)
+    for found in trainers:
+        logger.info("memory plan: %s about %.0f GiB on GPU %s", found.stage, found.total, placement.trainer_gpu)
+    return Preflight(placement, trainers, servers)

@@ -1,0 +1,93 @@
+"""Items 5, 12 and 16 of issue 28: every shipped GPU config fits its declared GPUs (the memory arithmetic), its
+GPUs and ports do not collide, and a config that cannot fit is refused before any work, naming the knob."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from prorag.retrieval.server import build_parser
+from prorag.scale.memory import MemoryPlanError, check_servers, check_trainers
+from prorag.scale.placement import PlacementError, PlacementSpec, check_placement
+from prorag.scale.preflight import preflight, trainer_loads
+
+from .conftest import gpu_parameters, preset_params
+
+SHIPPED = {"conf/gpu": {}, "conf/gpu + experiments/multistage_gpu.yml": preset_params()}
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_every_shipped_gpu_config_fits_and_places_every_process(name, eight_gpus):
+    parameters = gpu_parameters(SHIPPED[name])
+    found = preflight(parameters)
+    placement = found.placement
+    assert placement is not None and placement.trainer_gpu is not None
+    stages = {estimate.stage: estimate.total for estimate in found.trainers}
+    assert "rl" in stages and all(total < placement.gpu_memory_gib for total in stages.values()), stages
+    trained = {"conf/gpu": parameters["rl"], "conf/gpu + experiments/multistage_gpu.yml":
+               parameters["methods"]["multistage"]["stages"]["rl"]}[name]  # the preset trains train_multistage
+    rl = trained["trainer"]
+    completions = rl["per_device_train_batch_size"] * rl["gradient_accumulation_steps"]  # one process
+    assert completions % rl["num_generations"] == 0
+    expected = {"conf/gpu": 512 * 5, "conf/gpu + experiments/multistage_gpu.yml": 32 * 32}[name]
+    assert completions == expected  # the paper's batch per optimizer step
+
+
+def test_mains_conf_gpu_is_refused_naming_the_knob():
+    """conf/gpu as it was (7B, full-parameter, KL > 0, 40 completions per micro-batch) cannot fit one H100."""
+    parameters = copy.deepcopy(gpu_parameters())
+    parameters["policy"]["model"] = "Qwen/Qwen2.5-7B-Instruct"
+    parameters["rl"]["trainer"].update(per_device_train_batch_size=40, gradient_accumulation_steps=1)
+    placement = PlacementSpec.model_validate(parameters["placement"])
+    with pytest.raises(MemoryPlanError, match=r"rl needs about \d+ GiB.*\(rl\.trainer\. lora: true\)"):
+        check_trainers(trainer_loads(parameters), placement)
+    parameters["policy"]["model"] = "Qwen/Qwen2.5-3B-Instruct"  # the states fit; the micro-batch does not
+    with pytest.raises(MemoryPlanError, match=r"lower rl\.trainer\.per_device_train_batch_size to at most \d"):
+        check_trainers(trainer_loads(parameters), placement)
+
+
+def test_the_multistage_judge_needs_gpus_of_its_own():
+    """The 235B judge in bf16 on the 4 GPUs the node has left does not fit; its FP8 checkpoint does."""
+    parameters = gpu_parameters(preset_params())
+    placement = PlacementSpec.model_validate(parameters["placement"])
+    assert placement.servers["answer_judge"].gpus == [4, 5, 6, 7]
+    check_servers(placement)
+    bf16 = placement.model_copy(deep=True)
+    bf16.servers["answer_judge"] = bf16.servers["answer_judge"].model_copy(
+        update={"model": "Qwen/Qwen3-235B-A22B-Instruct-2507", "bytes_per_parameter": 2.0})
+    with pytest.raises(MemoryPlanError, match=r"servers\.answer_judge.*more GPUs"):
+        check_servers(bf16)
+
+
+def test_the_retrieval_server_does_not_default_to_a_policy_servers_port():
+    placement = PlacementSpec.model_validate(gpu_parameters()["placement"])
+    model_ports = {server.port for name, server in placement.active().items() if name != "retrieval"}
+    default = build_parser().parse_args(["--index-dir", "x"]).port
+    assert default not in model_ports and placement.servers["retrieval"].port == default
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda p: p["placement"]["servers"]["rl_policy"].update(gpus=[2]), "GPU 2 is used by both trainer_gpu"),
+    (lambda p: p["placement"]["servers"]["retrieval"].update(port=8000), "port 8000 is used by both"),
+    (lambda p: p["placement"]["servers"]["policy"].update(gpus=[8]), "GPU 8 does not exist"),
+    (lambda p: p["rl"]["policy_server"].update(base_url="http://127.0.0.1:8009"), "no server of placement"),
+    (lambda p: p["kg_extraction"]["extractor"].update(base_url="http://127.0.0.1:8000/v1"),
+     "asks port 8000 for 'Qwen/Qwen2.5-14B-Instruct'"),  # main's conf/gpu: the 14B extractor on the policy's port
+])
+def test_a_colliding_placement_is_refused(change, message):
+    parameters = copy.deepcopy(gpu_parameters())
+    change(parameters)
+    with pytest.raises(PlacementError, match=message):
+        check_placement(parameters)
+
+
+def test_a_methods_stage_is_checked_with_its_own_settings():
+    """The multi-stage preset's GRPO lives in ``methods.multistage.stages.rl``: the memory check sees it (with the
+    method's agent budgets) beside HiPRAG's shared ``rl``, and a refusal names its knob."""
+    from prorag.scale.preflight import trainer_loads
+
+    parameters = gpu_parameters(preset_params())
+    knobs = {load.knob for load in trainer_loads(parameters)}
+    assert {"rl.trainer.", "methods.multistage.stages.rl.trainer."} <= knobs
+    assert "methods.hiprag.stages.rl.trainer." not in knobs  # identical to the shared block: checked once
