@@ -32,6 +32,7 @@ from prorag.rewards.base import RewardSettings
 from prorag.rewards.registry import check_reward_protocol
 from prorag.specs import PolicySpec, RetrieverSpec, TrainedAgentSpec
 from prorag.tracking import TrackingParams
+from prorag.training.launch import LaunchSettings
 
 
 class MethodStages(StrictModel):
@@ -93,6 +94,7 @@ PARAMETER_SCHEMAS: Final[dict[str, type[BaseModel]]] = {
     "retriever": RetrieverSpec,
     "methods": MethodsParams,  # conf/base/parameters_methods.yml: one entry per method, resolved over the above
     "tracking": TrackingParams,
+    "launch": LaunchSettings,  # conf/base/parameters_launch.yml: how every training node runs its trainer
     # one per pipeline (conf/base/parameters_<pipeline>.yml)
     "data_preparation": DataPreparationParams,
     "corpus_indexing": CorpusIndexingParams,

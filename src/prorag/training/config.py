@@ -21,7 +21,17 @@ class LoraSettings(StrictModel):
     target_modules: list[str] = Field(default=["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
 
 
-class SFTSettings(LoraSettings):
+class CheckpointSettings(StrictModel):
+    """Checkpoints of the SFT and DPO trainers (:mod:`prorag.training.checkpoints`)."""
+
+    save_steps: PositiveInt | None = None
+    """Checkpoint every N optimizer steps (None: none; under the launcher ``launch.checkpoint_steps`` then applies)."""
+    save_total_limit: PositiveInt | None = 2
+    resume: bool = True
+    """Continue an unfinished run in the same output folder from its last checkpoint."""
+
+
+class SFTSettings(CheckpointSettings, LoraSettings):
     """LoRA SFT with TRL's ``SFTTrainer`` (TRL names)."""
 
     learning_rate: float = Field(default=2e-4, gt=0)
