@@ -53,7 +53,7 @@ def test_in_process_is_the_default():
 def test_several_machines_need_a_rendezvous():
     with pytest.raises(ValueError, match="main_process_ip"):
         LaunchSettings(mode="accelerate", num_machines=2, main_process_port=29500)
-    with pytest.raises(ValueError, match="fixed launch.main_process_port"):
+    with pytest.raises(ValueError, match=r"fixed launch\.main_process_port"):
         LaunchSettings(mode="accelerate", num_machines=2, main_process_ip="10.0.0.1")
     with pytest.raises(ValueError, match="neither a shipped accelerate config"):
         LaunchSettings(mode="accelerate", config="zero4")
@@ -79,7 +79,7 @@ def test_the_command_is_accelerate_s_own_launcher_with_a_shipped_config(tmp_path
 
 def test_fsdp_with_in_process_rollouts_and_vllm_colocate_are_refused():
     fsdp = LaunchSettings(mode="accelerate", processes_per_machine=2, config="fsdp2")
-    with pytest.raises(ValueError, match="FSDP.*cannot run GRPO's in-process multi-turn rollouts"):
+    with pytest.raises(ValueError, match=r"FSDP.*cannot run GRPO's in-process multi-turn rollouts"):
         check_stage("grpo", fsdp)
     check_stage("grpo", fsdp, policy_server=True)  # generation on the vLLM server: fine
     check_stage("sft", fsdp)
