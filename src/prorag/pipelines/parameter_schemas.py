@@ -33,6 +33,7 @@ from prorag.rewards.registry import check_reward_protocol
 from prorag.scale.placement import PlacementSpec
 from prorag.specs import PolicySpec, RetrieverSpec, TrainedAgentSpec
 from prorag.tracking import TrackingParams
+from prorag.training.launch import LaunchSettings
 
 
 class MethodStages(StrictModel):
@@ -95,6 +96,7 @@ PARAMETER_SCHEMAS: Final[dict[str, type[BaseModel]]] = {
     "methods": MethodsParams,  # conf/base/parameters_methods.yml: one entry per method, resolved over the above
     "tracking": TrackingParams,
     "placement": PlacementSpec,  # GPUs and ports of a one-node GPU run (conf/gpu); absent on CPU
+    "launch": LaunchSettings,  # conf/base/parameters_launch.yml: how every training node runs its trainer
     # one per pipeline (conf/base/parameters_<pipeline>.yml)
     "data_preparation": DataPreparationParams,
     "corpus_indexing": CorpusIndexingParams,

@@ -75,7 +75,17 @@ class LoraSettings(StrictModel):
     target_modules: list[str] = Field(default=["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
 
 
-class SFTSettings(TrainerArgs, LoraSettings):
+class CheckpointSettings(StrictModel):
+    """Checkpoints of the SFT and DPO trainers (:mod:`prorag.training.checkpoints`)."""
+
+    save_steps: PositiveInt | None = None
+    """Checkpoint every N optimizer steps (None: none; under the launcher ``launch.checkpoint_steps`` then applies)."""
+    save_total_limit: PositiveInt | None = 2
+    resume: bool = True
+    """Continue an unfinished run in the same output folder from its last checkpoint."""
+
+
+class SFTSettings(TrainerArgs, CheckpointSettings, LoraSettings):
     """LoRA SFT with TRL's ``SFTTrainer`` (TRL names; any other ``SFTConfig`` field in ``trainer_args``)."""
 
     trl_config: ClassVar[TRLConfigName] = "SFTConfig"
@@ -144,7 +154,7 @@ SFT_TRL_NAMES = ("learning_rate", "num_train_epochs", "max_steps", "per_device_t
 SFTSettings.trl_owned = {
     **{name: f"sft.{name}" for name in SFT_TRL_NAMES},
     "activation_checkpointing": "sft.gradient_checkpointing", "bf16": "sft.dtype", "fp16": "sft.dtype",
-    "data_seed": "sft.seed",
+    "data_seed": "sft.seed", "save_steps": "sft.save_steps", "save_total_limit": "sft.save_total_limit",
     **dict.fromkeys(("output_dir", "save_strategy", "completion_only_loss", "assistant_only_loss"), FIXED_BY_PRORAG),
 }
 GRPO_TRL_NAMES = ("learning_rate", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",

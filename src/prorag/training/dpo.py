@@ -31,7 +31,8 @@ from pydantic import Field
 
 from prorag.llm.generation import render_chat
 from prorag.specs import Dtype, PositiveInt, Seed
-from prorag.training.config import FIXED_BY_PRORAG, LoraSettings, TrainerArgs, TRLConfigName
+from prorag.training.checkpoints import CHECKPOINTS, checkpoint_arguments, save_adapter, train_resumable
+from prorag.training.config import FIXED_BY_PRORAG, CheckpointSettings, LoraSettings, TrainerArgs, TRLConfigName
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, TrainerCallback
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class DPOTrainingConfig(TrainerArgs, LoraSettings):
+class DPOTrainingConfig(TrainerArgs, CheckpointSettings, LoraSettings):
     """Every knob of :func:`train_dpo_lora` (TRL names; also the parameter schema of ``dpo.trainer``; any other
     ``DPOConfig`` field in ``trainer_args``). The anchor code (LLaMA-Factory, full fine-tuning of Qwen2.5-7B) uses
     β = 0.3, lr 1e-6, cosine schedule, warm-up ratio 0.2, batch 1 × 2 accumulation, one epoch: the defaults here."""
@@ -50,7 +51,7 @@ class DPOTrainingConfig(TrainerArgs, LoraSettings):
         **{name: f"dpo.trainer.{name}" for name in (
             "beta", "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
             "gradient_accumulation_steps", "lr_scheduler_type", "seed", "logging_steps", "max_length", "use_cpu",
-            "precompute_ref_log_probs")},
+            "precompute_ref_log_probs", "save_steps", "save_total_limit")},
         "warmup_steps": "dpo.trainer.warmup_ratio", "loss_type": "dpo.trainer.sft_weight",
         "loss_weights": "dpo.trainer.sft_weight", "bf16": "dpo.trainer.dtype", "fp16": "dpo.trainer.dtype",
         "data_seed": "dpo.trainer.seed", "activation_checkpointing": "dpo.trainer.gradient_checkpointing",
@@ -132,7 +133,8 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
 
     Nothing is reported by the trainer itself (``report_to=[]``); pass
     :class:`prorag.tracking.callbacks.MlflowStepMetrics` to log loss, ``rewards/margins``, ``rewards/accuracies``
-    … per step. Returns ``(output_dir / "adapter", trainer.state.log_history)``.
+    … per step. Checkpoints and resumption as :func:`prorag.training.sft.train_sft_lora`.
+    Returns ``(output_dir / "adapter", trainer.state.log_history)``.
     """
     from datasets import Dataset  # noqa: I001  (ruff takes it for first-party: tests/datasets)
     from peft import LoraConfig, PeftModel
@@ -158,14 +160,15 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
                                  target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM")
     loss_type, loss_weights = config.loss()
     args = DPOConfig(**{"report_to": [], **config.trainer_args}, **dict(
-        output_dir=str(output / "trainer"), use_cpu=config.use_cpu,
+        output_dir=str(output / CHECKPOINTS), use_cpu=config.use_cpu,
         bf16=config.dtype == "bfloat16" and not config.use_cpu, fp16=False,
         beta=config.beta, loss_type=loss_type, loss_weights=loss_weights,
         learning_rate=config.learning_rate, num_train_epochs=config.num_train_epochs, max_steps=config.max_steps,
         per_device_train_batch_size=config.per_device_train_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         lr_scheduler_type=config.lr_scheduler_type, warmup_steps=float(config.warmup_ratio),  # a float < 1 is a ratio
-        seed=config.seed, data_seed=config.seed, logging_steps=config.logging_steps, save_strategy="no",
+        seed=config.seed, data_seed=config.seed, logging_steps=config.logging_steps,
+        **checkpoint_arguments(config.save_steps, config.save_total_limit),
         max_length=config.max_length, activation_checkpointing=config.gradient_checkpointing,
         precompute_ref_log_probs=config.precompute_ref_log_probs,
     ))  # trainer_args is validated: it sets no field named here (report_to may be overridden)
@@ -173,9 +176,8 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
                          processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
     if not config.append_eos:
         trainer.train_dataset = _drop_appended_eos(trainer.train_dataset, tokenizer.eos_token_id)
-    trainer.train()
-    adapter_dir = output / "adapter"
-    trainer.model.save_pretrained(str(adapter_dir), selected_adapters=["default"])
+    train_resumable(trainer, output, resume=config.resume and config.save_steps is not None)
+    adapter_dir = save_adapter(trainer, output / "adapter", selected_adapters=["default"])
     logger.info("saved the DPO LoRA adapter of %s (%s) to %s after %d steps", model_spec,
                 resolve_model_path(model_spec), adapter_dir, trainer.state.global_step)
     return adapter_dir, list(trainer.state.log_history)

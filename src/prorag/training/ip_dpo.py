@@ -325,12 +325,15 @@ def run_ip_dpo(model: str, sft_adapter: str, questions: Sequence[Question], retr
                agent: AgentSpec, sampling: SamplingSpec, reward: Reward, settings: IPDPOSettings,
                dpo: DPOTrainingConfig, output_dir: str | Path, *, policy_batch_size: int = 8, dtype: str = "float32",
                callbacks: Callable[[int], list[TrainerCallback]] | None = None,
-               generator_factory: Callable[[str], Generator] | None = None) -> list[RoundResult]:
+               generator_factory: Callable[[str], Generator] | None = None,
+               train_dpo: Callable[..., tuple[Path, list[dict[str, Any]]]] | None = None) -> list[RoundResult]:
     """Rounds of sample → score → pair → DPO + SFT (module docstring); round ``k`` starts from round ``k-1``'s
     adapter (the SFT adapter first). A round without pairs trains nothing and keeps the adapter.
 
     ``generator_factory(adapter_dir)`` builds the sampling policy (default: in-process transformers with the
-    adapter merged, :func:`prorag.llm.factory.build_generator`)."""
+    adapter merged, :func:`prorag.llm.factory.build_generator`). ``train_dpo(model, rows, output_dir, config, *,
+    callbacks, round_index)`` trains a round (default: :func:`prorag.training.dpo.train_dpo_lora` in this process;
+    the tearag node passes a launcher under ``launch.mode: accelerate``)."""
     from prorag.agent.runner import build_engine
     from prorag.llm.factory import build_generator
     from prorag.llm.registry import load_tokenizer
@@ -364,8 +367,13 @@ def run_ip_dpo(model: str, sft_adapter: str, questions: Sequence[Question], retr
                                                                  adapter_view.initial_prefix()))
             config = dpo.model_copy(update={"init_adapter": current, "append_eos": True,
                                             "seed": dpo.seed + round_index})
-            adapter_dir, history = train_dpo_lora(model, rows, Path(output_dir) / f"round_{round_index}", config,
-                                                  callbacks=callbacks(round_index) if callbacks else None)
+            round_callbacks = callbacks(round_index) if callbacks else None
+            if train_dpo is None:
+                adapter_dir, history = train_dpo_lora(model, rows, Path(output_dir) / f"round_{round_index}", config,
+                                                      callbacks=round_callbacks)
+            else:
+                adapter_dir, history = train_dpo(model, rows, Path(output_dir) / f"round_{round_index}", config,
+                                                 callbacks=round_callbacks, round_index=round_index)
             trained = current = str(adapter_dir)
         results.append(RoundResult(round_index, trained, metrics, [pair.to_dict() for pair in pairs],
                                    [{**path.to_dict(), "reward": reward} for path, reward in scored], history))

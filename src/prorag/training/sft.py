@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 from prorag.llm.generation import render_chat
 from prorag.protocol.base import ProtocolAdapter
 from prorag.protocol.registry import build_adapter
+from prorag.training.checkpoints import CHECKPOINTS, checkpoint_arguments, save_adapter, train_resumable
 from prorag.training.config import SFT_TRL_NAMES, SFTSettings
 
 if TYPE_CHECKING:
@@ -87,7 +88,9 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     """Train a LoRA adapter on pre-tokenized examples with TRL's ``SFTTrainer``; save only the adapter.
 
     ``examples`` are :func:`build_sft_example` rows (``attention_mask`` is ignored: the collator rebuilds it).
-    Nothing is reported to a tracker (``report_to=[]``): the caller logs ``log_history``.
+    Nothing is reported to a tracker (``report_to=[]``): the caller logs ``log_history``. With
+    ``settings.save_steps``, checkpoints go to ``output_dir / "checkpoints"`` and an unfinished run in the same
+    ``output_dir`` resumes from its last one (:mod:`prorag.training.checkpoints`).
     Returns ``(output_dir / "adapter", trainer.state.log_history)``.
     """
     from datasets import Dataset  # noqa: I001  (ruff takes it for first-party: tests/datasets)
@@ -104,12 +107,12 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     model, tokenizer = load_causal_lm(model_spec, dtype=settings.dtype, device="cpu")
     config = SFTConfig(**{
         **settings.model_dump(include=set(SFT_TRL_NAMES)),
-        "output_dir": str(output / "trainer"),
+        "output_dir": str(output / CHECKPOINTS),
         "report_to": [],
         "bf16": settings.dtype == "bfloat16" and not settings.use_cpu,
         "fp16": False,
         "data_seed": settings.seed,
-        "save_strategy": "no",
+        **checkpoint_arguments(settings.save_steps, settings.save_total_limit),
         "activation_checkpointing": settings.gradient_checkpointing,  # the non-deprecated name in transformers 5
         "completion_only_loss": False,
         "assistant_only_loss": False,
@@ -122,9 +125,8 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     prepared = trainer.train_dataset[0]["labels"]
     if list(prepared) != rows[0]["labels"]:  # a TRL change that rebuilt the labels would silently train on context
         raise RuntimeError("SFTTrainer did not keep the labels of the pre-tokenized examples")
-    trainer.train()
-    adapter_dir = output / "adapter"
-    trainer.model.save_pretrained(str(adapter_dir))
+    train_resumable(trainer, output, resume=settings.resume and settings.save_steps is not None)
+    adapter_dir = save_adapter(trainer, output / "adapter")
     logger.info("saved the LoRA adapter of %s to %s after %d steps", model_spec, adapter_dir,
                 trainer.state.global_step)
     return adapter_dir, list(trainer.state.log_history)

@@ -11,16 +11,18 @@ from prorag.pipelines.dpo.params import DPOParams
 from prorag.specs import PolicySpec
 from prorag.tracking.callbacks import MlflowStepMetrics
 from prorag.training.dpo import preference_rows, train_dpo_lora
+from prorag.training.launch import IN_PROCESS, LaunchSettings, launch_dpo
 
 CURVE_KEYS: Final = ("loss", "learning_rate", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/margins",
                      "rewards/accuracies", "logps/chosen", "logps/rejected")
 
 
-def train_dpo(pair_records: list[dict[str, Any]], params: DPOParams, policy: PolicySpec
-              ) -> tuple[str, dict[str, float], list[dict[str, Any]]]:
+def train_dpo(pair_records: list[dict[str, Any]], params: DPOParams, policy: PolicySpec,
+              launch: LaunchSettings = IN_PROCESS) -> tuple[str, dict[str, float], list[dict[str, Any]]]:
     """Train a LoRA adapter on the pairs; returns its folder (versioned by the catalog), a summary (``dpo.*`` in
     MLflow; the per-step curves are logged live as ``dpo.loss``, ``dpo.rewards/margins``, ``dpo.rewards/accuracies``
-    …) and the training log (a reporting file)."""
+    …) and the training log (a reporting file). In this process, or under ``accelerate launch`` with
+    ``launch.mode: accelerate`` (:mod:`prorag.training.launch`; rank 0 logs the curves)."""
     if not pair_records:
         raise ValueError(
             "reasonrag_pairs is empty: no two sibling MCTS steps differ in value by reasonrag_data.min_reward_gap "
@@ -29,9 +31,12 @@ def train_dpo(pair_records: list[dict[str, Any]], params: DPOParams, policy: Pol
             "a stronger explorer (reasonrag_data.policy)")
     tokenizer = load_tokenizer(policy.model)
     rows = preference_rows(tokenizer, pair_records)
-    output_dir = Path(tempfile.mkdtemp(prefix="prorag-dpo-"))
-    adapter_dir, history = train_dpo_lora(policy.model, rows, output_dir, params.trainer,
-                                          callbacks=[MlflowStepMetrics("dpo")])
+    if launch.enabled:
+        result = launch_dpo(policy.model, rows, params.trainer, launch, metrics_prefix="dpo")
+        adapter_dir, history = result.adapter, result.log_history
+    else:
+        adapter_dir, history = train_dpo_lora(policy.model, rows, Path(tempfile.mkdtemp(prefix="prorag-dpo-")),
+                                              params.trainer, callbacks=[MlflowStepMetrics("dpo")])
     curve = [{"step": int(entry["step"]), **{key: float(entry[key]) for key in CURVE_KEYS if key in entry}}
              for entry in history if "step" in entry and "loss" in entry]
     summary: dict[str, float] = {"pairs": len(rows), "steps": max((entry["step"] for entry in curve), default=0)}

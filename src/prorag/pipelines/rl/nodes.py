@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from prorag.assembly import build_retriever, build_scorer
 from prorag.data import Question, select_questions, warn_non_train_splits
 from prorag.pipelines.rl.params import RLParams
 from prorag.retrieval import RetrievalIndex
@@ -15,6 +14,7 @@ from prorag.rewards.base import RewardSettings
 from prorag.rewards.registry import check_reward_protocol
 from prorag.specs import PolicySpec, TrainedAgentSpec
 from prorag.tracking.callbacks import MlflowStepMetrics
+from prorag.training.launch import IN_PROCESS, LaunchSettings, launch_grpo
 
 
 def select_rl_questions(question_records: list[dict[str, Any]], evaluation_records: list[dict[str, Any]],
@@ -42,7 +42,8 @@ def _meets(question: Question, minimum: dict[str, float]) -> bool:
 
 
 def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_adapter: str, params: RLParams,
-             policy: PolicySpec, agent: TrainedAgentSpec, reward: RewardSettings) -> tuple[str, list[dict[str, Any]]]:
+             policy: PolicySpec, agent: TrainedAgentSpec, reward: RewardSettings,
+             launch: LaunchSettings = IN_PROCESS) -> tuple[str, list[dict[str, Any]]]:
     """GRPO on ``policy.model``: continuing the SFT adapter (``rl.init: sft``) or from the instruct model itself
     (``instruct``), as a LoRA adapter or with every parameter (``rl.lora: false``); returns the trained adapter (or
     full model) folder and the training log (one entry per step).
@@ -51,20 +52,28 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
     which the trained-policy rollouts and reward judging read too. Every logged step goes to the active MLflow run
     as it happens (``rl.*`` metrics). The run folder is keyed by a fingerprint of the settings, the SFT adapter
     and the questions, so re-running the same configuration after an interruption resumes from its last
-    checkpoint.
+    checkpoint. With ``launch.mode: accelerate`` the training runs under ``accelerate launch``
+    (:mod:`prorag.training.launch`; its bundle folder holds the checkpoints, rank 0 logs the curves).
     """
-    from prorag.training.trl_grpo import AgentRolloutFunction, PolicyServer, train_grpo_lora
+    from prorag.training.stages import grpo_rollout_function
+    from prorag.training.trl_grpo import train_grpo_lora
 
     check_reward_protocol(reward, agent.protocol)
     questions = [Question.from_dict(record) for record in question_records]
-    scorer = build_scorer(reward, index, judge_for_metrics=params.judge_for_metrics, questions=questions)
     trainer = params.trainer
-    rollout_function = AgentRolloutFunction(
-        questions, build_retriever(params.retriever, index), scorer, agent, top_k=params.retriever.top_k,
-        temperature=trainer.temperature, top_p=trainer.top_p, seed=trainer.seed,
-        batch_size=params.generation_batch_size, refill_rounds=trainer.refill_rounds,
-        policy_server=PolicyServer(**params.policy_server.model_dump()) if params.policy_server else None)
+    server = params.policy_server.model_dump() if params.policy_server else None
     start = sft_adapter if params.init == "sft" else None
+    if launch.enabled:
+        result = launch_grpo(policy.model, questions, index, launch, trainer=trainer, retriever=params.retriever,
+                             agent=agent, reward=reward, start_adapter=start, full_parameters=not params.lora,
+                             generation_batch_size=params.generation_batch_size,
+                             judge_for_metrics=params.judge_for_metrics, policy_server=server, metrics_prefix="rl")
+        return str(result.adapter), [{key: value for key, value in entry.items() if isinstance(value, int | float)}
+                                     for entry in result.log_history if "step" in entry]
+    rollout_function = grpo_rollout_function(
+        questions, index, retriever=params.retriever, agent=agent, reward=reward, trainer=trainer,
+        generation_batch_size=params.generation_batch_size, judge_for_metrics=params.judge_for_metrics,
+        policy_server=server)
     run_dir = Path(params.run_root) / run_fingerprint(params, start or "", questions, policy, agent, reward)
     adapter, history = train_grpo_lora(policy.model, questions, rollout_function, run_dir, trainer,
                                        adapter_dir=start, full_parameters=not params.lora,
@@ -75,13 +84,13 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
 
 
 def train_rl_from_instruct(question_records: list[dict[str, Any]], index: RetrievalIndex, params: RLParams,
-                           policy: PolicySpec, agent: TrainedAgentSpec,
-                           reward: RewardSettings) -> tuple[str, list[dict[str, Any]]]:
+                           policy: PolicySpec, agent: TrainedAgentSpec, reward: RewardSettings,
+                           launch: LaunchSettings = IN_PROCESS) -> tuple[str, list[dict[str, Any]]]:
     """:func:`train_rl` from the instruct model itself, with no SFT adapter (``rl.init`` must be ``instruct``)."""
     if params.init != "instruct":
         raise ValueError("this pipeline trains from the instruct model (no SFT stage): set rl.init: instruct, or run "
                          "train / train_rl to continue the SFT adapter")
-    return train_rl(question_records, index, "", params, policy, agent, reward)
+    return train_rl(question_records, index, "", params, policy, agent, reward, launch)
 
 
 def run_fingerprint(params: RLParams, sft_adapter: str, questions: list[Question], policy: PolicySpec,

@@ -12,10 +12,11 @@ def create_pipeline(*, from_sft: bool = True, **kwargs: object) -> Pipeline:
     instruct`` (HiPRAG and the multi-stage paper train the instruct model with RL alone)."""
     if from_sft:
         train = Node(train_rl, ["rl_questions", "retrieval_index", "sft_adapter", "params:rl", "params:policy",
-                                "params:agent", "params:reward"], ["rl_adapter", "rl_training_log"], name="train_rl")
+                                "params:agent", "params:reward", "params:launch"],
+                     ["rl_adapter", "rl_training_log"], name="train_rl")
     else:
         train = Node(train_rl_from_instruct, ["rl_questions", "retrieval_index", "params:rl", "params:policy",
-                                              "params:agent", "params:reward"],
+                                              "params:agent", "params:reward", "params:launch"],
                      ["rl_adapter", "rl_training_log"], name="train_rl")
     return Pipeline([
         Node(select_rl_questions, ["index_questions", "evaluated_questions", "params:rl"], "rl_questions",

@@ -22,6 +22,7 @@ from prorag.retrieval.base import Retriever
 from prorag.rewards.tearag import KnowledgeMatchingReward, KnowledgeMatchingSettings
 from prorag.specs import MethodSpec, PolicySpec
 from prorag.training.ip_dpo import IPDPOSettings, PairRules, QuestionMix, run_ip_dpo, select_question_mix
+from prorag.training.launch import IN_PROCESS, LaunchSettings, launch_dpo, launch_sft
 from prorag.training.sft import build_sft_example, train_sft_lora
 from prorag.training.tearag_sft import (
     SFTDataSettings,
@@ -100,15 +101,20 @@ def build_sft_data(question_records: list[dict[str, Any]], eval_records: list[di
     return [example.to_dict() for example in examples], metrics
 
 
-def train_tearag_sft(example_records: list[dict[str, Any]], policy: PolicySpec,
-                     params: TeaRAGParams) -> tuple[str, list[dict[str, Any]]]:
-    """LoRA SFT on the TeaRAG paths (``<Reference>`` masked, eq. 4); the adapter and its loss curve."""
+def train_tearag_sft(example_records: list[dict[str, Any]], policy: PolicySpec, params: TeaRAGParams,
+                     launch: LaunchSettings = IN_PROCESS) -> tuple[str, list[dict[str, Any]]]:
+    """LoRA SFT on the TeaRAG paths (``<Reference>`` masked, eq. 4); the adapter and its loss curve (in this process,
+    or under ``accelerate launch``: :mod:`prorag.training.launch`)."""
     tokenizer = load_tokenizer(policy.model)
     examples = [TeaRAGSFTExample.from_dict(record) for record in example_records]
     rows = [build_sft_example(tokenizer, item.question, item.completion, protocol=params.agent.protocol,
                               few_shot=params.agent.few_shot) for item in examples]
-    adapter_dir, history = train_sft_lora(policy.model, rows, Path(tempfile.mkdtemp(prefix="prorag-tearag-sft-")),
-                                          params.sft)
+    if launch.enabled:
+        result = launch_sft(policy.model, rows, params.sft, launch)
+        adapter_dir, history = result.adapter, result.log_history
+    else:
+        adapter_dir, history = train_sft_lora(policy.model, rows,
+                                              Path(tempfile.mkdtemp(prefix="prorag-tearag-sft-")), params.sft)
     curve = [{"step": int(entry["step"]), **{key: float(value) for key, value in entry.items()
                                               if key in ("loss", "learning_rate", "grad_norm", "train_loss")}}
              for entry in history if "step" in entry]
@@ -124,10 +130,11 @@ def ip_dpo_sampler(policy: PolicySpec) -> Callable[[str], Generator]:
 
 def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list[dict[str, Any]],
                       index: RetrievalIndex, graph: KnowledgeGraph, sft_adapter: str, kg: KgExtractionParams,
-                      policy: PolicySpec, params: TeaRAGParams
+                      policy: PolicySpec, params: TeaRAGParams, launch: LaunchSettings = IN_PROCESS,
                       ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """§4.3.2: the rounds; returns the last adapter, per-round metrics (``step`` = round), the pairs and the
-    scored samples of every round. The questions are :func:`select_ip_dpo_questions` (never an evaluated one)."""
+    scored samples of every round. The questions are :func:`select_ip_dpo_questions` (never an evaluated one).
+    Each round's DPO runs in this process, or under ``accelerate launch`` (:mod:`prorag.training.launch`)."""
     from prorag.tracking.callbacks import MlflowStepMetrics
 
     questions = select_ip_dpo_questions(question_records, eval_records, params)
@@ -143,12 +150,26 @@ def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list
                          Path(tempfile.mkdtemp(prefix="prorag-ip-dpo-")), policy_batch_size=policy.batch_size,
                          dtype=policy.dtype,
                          callbacks=lambda round_index: [MlflowStepMetrics(f"tearag_dpo_round{round_index}")],
-                         generator_factory=ip_dpo_sampler(policy))
+                         generator_factory=ip_dpo_sampler(policy),
+
+                         train_dpo=_launched_dpo(launch) if launch.enabled else None)
     adapter = next((result.adapter for result in reversed(results) if result.adapter), sft_adapter)
     metrics = [{"step": result.round, **result.metrics} for result in results]
     pairs = [{"round": result.round, **pair} for result in results for pair in result.pairs]
     paths = [{"round": result.round, **path} for result in results for path in result.paths]
     return adapter, metrics, pairs, paths
+
+
+def _launched_dpo(launch: LaunchSettings) -> Callable[..., tuple[Path, list[dict[str, Any]]]]:
+    """An IP-DPO round's DPO under ``accelerate launch`` (rank 0 logs ``tearag_dpo_round<k>.*``)."""
+
+    def train(model: str, rows: list[dict[str, str]], output_dir: Path, config: Any, *, callbacks: Any,
+              round_index: int) -> tuple[Path, list[dict[str, Any]]]:
+        result = launch_dpo(model, rows, config, launch, metrics_prefix=f"tearag_dpo_round{round_index}",
+                            label=f"tearag_dpo_round{round_index}")
+        return result.adapter, result.log_history
+
+    return train
 
 
 def run_tearag_rollouts(eval_records: list[dict[str, Any]], index: RetrievalIndex, graph: KnowledgeGraph,

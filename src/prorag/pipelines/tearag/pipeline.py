@@ -13,11 +13,11 @@ def create_pipeline(**kwargs: object) -> Pipeline:
     return Pipeline([
         Node(build_sft_data, ["questions", "evaluated_questions", "params:kg_extraction", "params:tearag"],
              ["tearag_sft_data", "tearag_sft_data_metrics"], name="build_tearag_sft_data", tags=[tags.TRAINING]),
-        Node(train_tearag_sft, ["tearag_sft_data", "params:policy", "params:tearag"],
+        Node(train_tearag_sft, ["tearag_sft_data", "params:policy", "params:tearag", "params:launch"],
              ["tearag_sft_adapter", "tearag_sft_metrics"], name="train_tearag_sft", tags=[tags.TRAINING]),
         Node(run_ip_dpo_rounds,
              ["questions", "evaluated_questions", "retrieval_index", "knowledge_graph", "tearag_sft_adapter",
-              "params:kg_extraction", "params:policy", "params:tearag"],
+              "params:kg_extraction", "params:policy", "params:tearag", "params:launch"],
              ["tearag_adapter", "tearag_ip_dpo_metrics", "tearag_ip_dpo_pairs", "tearag_ip_dpo_samples"],
              name="run_ip_dpo_rounds", tags=[tags.TRAINING]),
         Node(run_tearag_rollouts,

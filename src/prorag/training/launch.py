@@ -1,0 +1,432 @@
+"""The launcher behind the training nodes: train in this process (the default) or under ``accelerate launch``.
+
+With ``launch.mode: accelerate`` a trainer (SFT, GRPO, DPO, an IP-DPO round) runs in ``processes_per_machine ×
+num_machines`` processes started by accelerate's own launcher with one of its config files (DDP, DeepSpeed ZeRO-2 /
+ZeRO-3, FSDP2; shipped in ``prorag/training/accelerate_configs/``, or any accelerate config file). The caller:
+
+1. writes a **bundle**, ``<root>/<stage>-<fingerprint>/``: ``bundle.json`` (format version, the stage, the resolved
+   settings, the MLflow run to log into, the command), ``inputs/`` (the stage's inputs as files) and ``run/`` (the
+   trainer's output folder: ``checkpoints/``, ``adapter/``, ``COMPLETED``). The fingerprint hashes the stage's
+   inputs, its settings and the world size, so repeating the same run finds the same folder and the trainers
+   resume from its last checkpoint (``attempts.jsonl`` lists every launch into it);
+2. starts ``python -m accelerate.commands.launch … -m prorag.training.launch_worker <bundle>`` as a subprocess
+   (in its own process group), streams its output to this process's log, and waits;
+3. on failure, raises :class:`LaunchError` naming the rank that failed first with that rank's traceback (each rank
+   writes ``errors/rank_<r>.json`` when it raises); checkpoints already saved stay in ``run/``;
+4. on success, reads ``result.json`` (written by rank 0: the adapter folder, ``log_history``, world size, backend).
+
+Rank 0 logs into the MLflow run that was active when the launch started (the node's stage run); the other ranks
+log nothing. Every rank watches this process and exits when it disappears (``kill -9`` of ``kedro run``), so a
+killed launch leaves no training behind and the next identical run resumes.
+
+This module imports neither Kedro nor torch; the worker (:mod:`prorag.training.launch_worker`) imports the trainers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import Field, model_validator
+
+from prorag.config import StrictModel
+from prorag.specs import PositiveInt
+
+logger = logging.getLogger(__name__)
+
+BUNDLE_FORMAT: Final = 1
+"""Version of the bundle layout (``bundle.json: format``); the worker refuses another."""
+BUNDLE_FILE: Final = "bundle.json"
+RESULT_FILE: Final = "result.json"
+ERRORS_DIR: Final = "errors"
+INPUTS_DIR: Final = "inputs"
+RUN_DIR: Final = "run"
+LAUNCHER_PID_ENV: Final = "PRORAG_LAUNCHER_PID"
+"""The worker exits when the process with this id (the launcher) is gone."""
+FAULT_ENV: Final = "PRORAG_LAUNCH_FAULT"
+"""Fault injection for tests (``rank=1,step=2,action=raise`` or ``action=sleep:30``): see the worker."""
+CONFIGS_DIR: Final = Path(__file__).resolve().parent / "accelerate_configs"
+SHIPPED_CONFIGS: Final = ("ddp", "zero2", "zero3", "fsdp2")
+Stage = Literal["sft", "dpo", "grpo"]
+
+
+class LaunchError(RuntimeError):
+    """A launched training failed; ``rank`` is the rank that failed first (None: no rank reported an error)."""
+
+    def __init__(self, message: str, *, rank: int | None = None, rank_traceback: str = "",
+                 bundle: Path | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.rank_traceback = rank_traceback
+        self.bundle = bundle
+
+
+class LaunchSettings(StrictModel):
+    """``launch``: how the training nodes (sft, rl, dpo, tearag's SFT and IP-DPO rounds) run their trainer."""
+
+    mode: Literal["in_process", "accelerate"] = "in_process"
+    """in_process: the node trains in the ``kedro run`` process (the default); accelerate: ``accelerate launch``."""
+    processes_per_machine: PositiveInt = 1
+    """Training processes on each machine (one per GPU; on CPU, gloo processes)."""
+    num_machines: PositiveInt = 1
+    machine_rank: int | None = Field(default=0, ge=0)
+    """This machine's rank; None: ``$SLURM_NODEID`` (several machines under SLURM)."""
+    config: str = "ddp"
+    """An accelerate config: a shipped one (ddp, zero2, zero3, fsdp2) or the path of an accelerate config file."""
+    gpu_ids: list[int] | None = None
+    """The GPUs of this machine to train on (accelerate's ``--gpu_ids``); None: all visible."""
+    main_process_ip: str | None = None
+    """Rendezvous address (the rank-0 machine); None on one machine (127.0.0.1)."""
+    main_process_port: int = Field(default=0, ge=0, le=65535)
+    """Rendezvous port; 0 on one machine: a free one."""
+    srun: bool = False
+    """Several machines under SLURM: start one ``accelerate launch`` per node with ``srun`` from this allocation."""
+    root: str = "data/06_models/launches"
+    """Bundles live in ``<root>/<stage>-<fingerprint>``: a repeated run resumes there (a shared filesystem across
+    machines)."""
+    checkpoint_steps: PositiveInt = 50
+    """Checkpoint interval of an SFT / DPO trainer whose ``save_steps`` is unset (GRPO has its own)."""
+    threads_per_process: PositiveInt | None = None
+    """``OMP_NUM_THREADS`` of each process (CPU training); None: accelerate's default."""
+    timeout: float | None = Field(default=None, gt=0)
+    """Seconds before the launch is stopped and fails (None: no limit)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LaunchSettings:
+        if self.mode == "accelerate":
+            config_path(self.config)
+        if self.num_machines > 1:
+            if not self.main_process_ip and not self.srun:
+                raise ValueError("launch.num_machines > 1 needs launch.main_process_ip (the rank-0 machine) or "
+                                 "launch.srun: true")
+            if self.main_process_port == 0:
+                raise ValueError("launch.num_machines > 1 needs a fixed launch.main_process_port (e.g. 29500)")
+        elif self.srun:
+            raise ValueError("launch.srun starts one process group per machine: set launch.num_machines > 1")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode == "accelerate"
+
+    @property
+    def world_size(self) -> int:
+        return self.processes_per_machine * self.num_machines
+
+
+IN_PROCESS: Final = LaunchSettings()
+"""The default: train in the calling process."""
+
+
+def config_path(config: str) -> Path:
+    """The accelerate config file of a shipped name or a path; a clear error for anything else."""
+    if config in SHIPPED_CONFIGS:
+        return CONFIGS_DIR / f"{config}.yaml"
+    path = Path(config)
+    if path.suffix in (".yaml", ".yml", ".json") and path.is_file():
+        return path
+    raise ValueError(f"launch.config {config!r} is neither a shipped accelerate config ({', '.join(SHIPPED_CONFIGS)}) "
+                     "nor an existing .yaml / .json file")
+
+
+def config_kind(config: str) -> str:
+    """``ddp``, ``deepspeed`` or ``fsdp``: what the accelerate config distributes with."""
+    text = config_path(config).read_text(encoding="utf-8")
+    if "distributed_type: FSDP" in text:
+        return "fsdp"
+    if "distributed_type: DEEPSPEED" in text:
+        return "deepspeed"
+    return "ddp"
+
+
+def check_stage(stage: Stage, settings: LaunchSettings, *, policy_server: bool = False,
+                vllm_mode: str | None = None) -> None:
+    """Refuse combinations that cannot work, before anything starts.
+
+    * FSDP with GRPO's in-process rollouts: every rank's multi-turn rollout runs a different number of forward
+      passes (turns, stop strings), and an FSDP forward all-gathers each layer's shards collectively, so ranks would
+      wait on each other forever. Use ZeRO-3 (``zero3``: the parameters are gathered once around the rollout,
+      ``ds3_gather_for_generation``), DDP / ZeRO-2, or a policy server (``rl.policy_server``).
+    * vLLM colocate mode: the rollout function has no generator over the trainer's in-process vLLM engine.
+    """
+    if vllm_mode == "colocate":
+        raise ValueError("vLLM colocate mode is not supported: prorag's rollout function generates in-process with "
+                         "transformers or through a vLLM server (rl.policy_server, TRL's server mode); start "
+                         "`trl vllm-serve` on its own GPU instead")
+    if stage == "grpo" and settings.enabled and config_kind(settings.config) == "fsdp" and not policy_server:
+        raise ValueError(f"launch.config {settings.config!r} (FSDP) cannot run GRPO's in-process multi-turn rollouts: "
+                         "FSDP gathers each layer collectively at every forward pass and the ranks' rollouts run "
+                         "different numbers of passes. Use launch.config zero3 (parameters gathered around "
+                         "generation), ddp or zero2, or generate on a vLLM server (rl.policy_server)")
+
+
+def fingerprint(stage: str, payload: Any) -> str:
+    """A short hash of everything that determines a launched training (the bundle folder's name)."""
+    blob = json.dumps({"stage": stage, "payload": payload}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def content_digest(data: Any) -> str:
+    """A digest of JSON-able inputs (examples, pairs, questions) for the fingerprint."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def active_mlflow_run() -> dict[str, str] | None:
+    """The MLflow run active in this process (the node's stage run) as ``{tracking_uri, run_id}``; None: none."""
+    try:
+        import mlflow
+    except ImportError:  # pragma: no cover - mlflow is a dependency
+        return None
+    run = mlflow.active_run()
+    if run is None:
+        return None
+    return {"tracking_uri": mlflow.get_tracking_uri(), "run_id": run.info.run_id}
+
+
+def launch_command(settings: LaunchSettings, bundle: Path, *, mixed_precision: str = "no",
+                   machine_rank: int | str | None = None) -> list[str]:
+    """The ``accelerate launch`` command line of one machine (``machine_rank`` overrides the setting)."""
+    rank = settings.machine_rank if machine_rank is None else machine_rank
+    if rank is None:
+        rank = os.environ.get("SLURM_NODEID")
+        if rank is None:
+            raise ValueError("launch.machine_rank is null and $SLURM_NODEID is not set (not under srun)")
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path(settings.config)),
+               "--num_processes", str(settings.world_size), "--num_machines", str(settings.num_machines),
+               "--machine_rank", str(rank), "--mixed_precision", mixed_precision, "--dynamo_backend", "no",
+               "--main_process_port", str(settings.main_process_port)]
+    if settings.num_machines > 1 or settings.main_process_ip:
+        command += ["--main_process_ip", settings.main_process_ip or "$MASTER_ADDR"]
+    if settings.gpu_ids is not None:
+        command += ["--gpu_ids", ",".join(str(gpu) for gpu in settings.gpu_ids)]
+    return [*command, "-m", "prorag.training.launch_worker", str(bundle)]
+
+
+def srun_command(settings: LaunchSettings, bundle: Path, *, mixed_precision: str = "no") -> list[str]:
+    """One ``accelerate launch`` per node of the SLURM allocation (``--machine_rank $SLURM_NODEID``; the rendezvous
+    address defaults to the allocation's first node, ``$MASTER_ADDR`` set by the sbatch template)."""
+    per_node = launch_command(settings, bundle, mixed_precision=mixed_precision, machine_rank="$SLURM_NODEID")
+    quoted = " ".join(part if part.startswith("$") else _quote(part) for part in per_node)
+    return ["srun", f"--nodes={settings.num_machines}", "--ntasks-per-node=1", "bash", "-c", quoted]
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+@dataclass
+class LaunchResult:
+    """What rank 0 reported: the trained adapter (or model) folder, the trainer's ``log_history`` and the run."""
+
+    adapter: Path
+    log_history: list[dict[str, Any]]
+    world_size: int
+    backend: str
+    distributed_type: str
+    global_step: int
+    resumed_from: str | None
+    bundle: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def prepare_bundle(settings: LaunchSettings, stage: Stage, key: str, *, inputs: Mapping[str, Any],
+                   files: Mapping[str, Callable[[Path], None]] | None = None,
+                   worker: Mapping[str, Any]) -> Path:
+    """Write the bundle folder of a launch (module docstring) and return it.
+
+    ``inputs`` are JSON-able and go to ``inputs/<name>.json``; ``files`` write their own input (``writer(path)``,
+    skipped when ``inputs/<name>`` already exists: an index written by an earlier attempt); ``worker`` is what the
+    worker needs besides the inputs (settings dumps, model spec, metrics prefix)."""
+    bundle = Path(settings.root).resolve() / f"{stage}-{key}"
+    folder = bundle / INPUTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in inputs.items():
+        _write_json(folder / f"{name}.json", data)
+    for name, writer in (files or {}).items():
+        if not (folder / name).exists():
+            writer(folder / name)
+    errors = bundle / ERRORS_DIR
+    if errors.is_dir():  # errors of an earlier attempt are not this one's
+        for stale in errors.glob("rank_*.json"):
+            stale.unlink()
+    (bundle / RESULT_FILE).unlink(missing_ok=True)
+    _write_json(bundle / BUNDLE_FILE, {
+        "format": BUNDLE_FORMAT, "stage": stage, "fingerprint": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "launch": settings.model_dump(), "mlflow": active_mlflow_run(), "worker": dict(worker),
+        "inputs": sorted([*(f"{name}.json" for name in inputs), *(files or {})]), "run_dir": RUN_DIR,
+    })
+    return bundle
+
+
+def run_launch(settings: LaunchSettings, bundle: Path, *, mixed_precision: str = "no",
+               env: Mapping[str, str] | None = None) -> LaunchResult:
+    """Start the launch of a prepared bundle, stream its output, wait, and return rank 0's result (module
+    docstring); a failure raises :class:`LaunchError` with the failed rank's traceback."""
+    command = (srun_command(settings, bundle, mixed_precision=mixed_precision) if settings.srun
+               else launch_command(settings, bundle, mixed_precision=mixed_precision))
+    environment = {**os.environ, **(env or {}), LAUNCHER_PID_ENV: str(os.getpid()),
+                   "PYTHONUNBUFFERED": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    if settings.threads_per_process:
+        environment["OMP_NUM_THREADS"] = str(settings.threads_per_process)
+    attempt = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": command,
+               "world_size": settings.world_size, "mlflow": active_mlflow_run()}
+    with (bundle / "attempts.jsonl").open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(attempt) + "\n")
+    logger.info("launching %d process(es) (%s) for %s: %s", settings.world_size, settings.config, bundle.name,
+                " ".join(command))
+    tail: deque[str] = deque(maxlen=80)
+    started = time.monotonic()
+    with _process_group(command, environment) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            logger.info("[launch] %s", line, extra={"markup": False})  # output is text, not rich markup
+            if settings.timeout and time.monotonic() - started > settings.timeout:
+                raise LaunchError(f"the launch of {bundle} ran past launch.timeout ({settings.timeout:.0f} s)",
+                                  bundle=bundle)
+        code = process.wait()
+    if code != 0:
+        raise _failure(bundle, code, list(tail))
+    result_path = bundle / RESULT_FILE
+    if not result_path.is_file():
+        raise LaunchError(f"the launch of {bundle} exited 0 but rank 0 wrote no {RESULT_FILE}", bundle=bundle)
+    result = json.loads(result_path.read_text(encoding="utf-8"))
+    return LaunchResult(adapter=Path(result["adapter"]), log_history=result["log_history"],
+                        world_size=int(result["world_size"]), backend=str(result["backend"]),
+                        distributed_type=str(result["distributed_type"]), global_step=int(result["global_step"]),
+                        resumed_from=result.get("resumed_from"), bundle=bundle, extra=result.get("extra", {}))
+
+
+@contextlib.contextmanager
+def _process_group(command: list[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """The launch in its own process group; stopped (SIGTERM, then SIGKILL) if this process leaves early."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(env),
+                               start_new_session=True, bufsize=1, preexec_fn=_die_with_parent)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            _stop(process)
+
+
+def _die_with_parent() -> None:
+    """Linux: the launcher process gets SIGTERM when the process that started it dies (``kill -9`` of Kedro)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    for signum, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signum)
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _failure(bundle: Path, code: int, tail: list[str]) -> LaunchError:
+    """The error of a failed launch: the rank whose error file is the earliest, with its traceback."""
+    reports = []
+    for path in sorted((bundle / ERRORS_DIR).glob("rank_*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            reports.append(json.loads(path.read_text(encoding="utf-8")))
+    if not reports:
+        return LaunchError(f"the launch of {bundle} exited with {code} and no rank reported an error; its last "
+                           "output:\n" + "\n".join(tail[-30:]), bundle=bundle)
+    first = min(reports, key=lambda report: report.get("time", 0.0))
+    others = sorted(report["rank"] for report in reports if report is not first)
+    also = f" (rank(s) {others} failed after it)" if others else ""
+    message = (f"rank {first['rank']} of {first.get('world_size', '?')} failed{also}: {first['error']}\n"
+               f"--- rank {first['rank']} traceback ---\n{first['traceback']}"
+               f"checkpoints kept in {bundle / RUN_DIR}; run the same command again to resume")
+    return LaunchError(message, rank=int(first["rank"]), rank_traceback=first["traceback"], bundle=bundle)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(data, default=str), encoding="utf-8")
+    temporary.replace(path)
+
+
+# ------------------------------------------------------------------------------------------ the stages
+
+
+def _mixed_precision(dtype: str, use_cpu: bool) -> str:
+    return "bf16" if dtype == "bfloat16" and not use_cpu else "no"
+
+
+def launch_sft(model: str, examples: Sequence[Mapping[str, Sequence[int]]], settings: Any,
+               launch: LaunchSettings, *, metrics_prefix: str | None = None) -> LaunchResult:
+    """:func:`prorag.training.sft.train_sft_lora` under ``accelerate launch`` (``settings``: ``SFTSettings``)."""
+    rows = [{"input_ids": list(example["input_ids"]), "labels": list(example["labels"])} for example in examples]
+    dumped = settings.model_dump()
+    key = fingerprint("sft", {"model": model, "settings": _without(dumped, "resume"), "examples": content_digest(rows),
+                              "world_size": launch.world_size, "config": launch.config})
+    bundle = prepare_bundle(launch, "sft", key, inputs={"examples": rows},
+                            worker={"model": model, "settings": dumped, "metrics_prefix": metrics_prefix})
+    return run_launch(launch, bundle, mixed_precision=_mixed_precision(settings.dtype, settings.use_cpu))
+
+
+def launch_dpo(model: str, rows: Sequence[Mapping[str, str]], config: Any, launch: LaunchSettings, *,
+               metrics_prefix: str | None = None, label: str = "dpo") -> LaunchResult:
+    """:func:`prorag.training.dpo.train_dpo_lora` under ``accelerate launch`` (``config``: ``DPOTrainingConfig``;
+    ``label`` names the bundle, e.g. ``tearag_dpo_round2``)."""
+    pairs = [dict(row) for row in rows]
+    dumped = config.model_dump()
+    key = fingerprint(label, {"model": model, "settings": _without(dumped, "resume"), "rows": content_digest(pairs),
+                              "world_size": launch.world_size, "config": launch.config})
+    bundle = prepare_bundle(launch, "dpo", f"{label}-{key}" if label != "dpo" else key, inputs={"rows": pairs},
+                            worker={"model": model, "settings": dumped, "metrics_prefix": metrics_prefix})
+    return run_launch(launch, bundle, mixed_precision=_mixed_precision(config.dtype, config.use_cpu))
+
+
+def launch_grpo(model: str, questions: Sequence[Any], index: Any, launch: LaunchSettings, *, trainer: Any,
+                retriever: Any, agent: Any, reward: Any, start_adapter: str | None, full_parameters: bool,
+                generation_batch_size: int, judge_for_metrics: bool, policy_server: Mapping[str, Any] | None,
+                metrics_prefix: str | None = "rl") -> LaunchResult:
+    """:func:`prorag.training.trl_grpo.train_grpo_lora` with :func:`prorag.training.stages.grpo_rollout_function`
+    under ``accelerate launch``. The index is written into the bundle once (``inputs/index``); with
+    ``retriever.retrieval_url`` the ranks query that server over HTTP for the rollouts instead."""
+    check_stage("grpo", launch, policy_server=bool(policy_server))
+    records = [question.to_dict() for question in questions]
+    worker = {"model": model, "trainer": trainer.model_dump(), "retriever": retriever.model_dump(),
+              "agent": agent.model_dump(), "reward": reward.model_dump() if hasattr(reward, "model_dump") else reward,
+              "start_adapter": str(Path(start_adapter).resolve()) if start_adapter else None,
+              "full_parameters": full_parameters, "generation_batch_size": generation_batch_size,
+              "judge_for_metrics": judge_for_metrics, "policy_server": dict(policy_server) if policy_server else None,
+              "metrics_prefix": metrics_prefix}
+    payload = {**worker, "trainer": _without(worker["trainer"], "resume"), "policy_server": None,
+               "metrics_prefix": None, "questions": content_digest(records), "index": _index_identity(index),
+               "world_size": launch.world_size, "config": launch.config}
+    bundle = prepare_bundle(launch, "grpo", fingerprint("grpo", payload), inputs={"questions": records},
+                            files={"index": index.save}, worker=worker)
+    return run_launch(launch, bundle, mixed_precision=_mixed_precision(trainer.dtype, trainer.use_cpu))
+
+
+def _index_identity(index: Any) -> str:
+    meta = getattr(index, "meta", None)
+    return json.dumps(meta.__dict__ if meta is not None and hasattr(meta, "__dict__") else repr(index),
+                      sort_keys=True, default=str)
+
+
+def _without(data: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    return {key: value for key, value in data.items() if key not in keys}

@@ -1,0 +1,188 @@
+"""The launcher (:mod:`prorag.training.launch`): settings and commands, then real 2-process gloo launches on the tiny
+random Llama (marker ``distributed``): SFT, DPO and GRPO train with world size 2 and rank 0 reporting; a rank that
+raises fails the launch with its own traceback and keeps the checkpoints; ``kill -9`` of the launcher, then the same
+launch, resumes from the last checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prorag.training.config import SFTSettings
+from prorag.training.launch import (
+    FAULT_ENV,
+    LaunchError,
+    LaunchSettings,
+    check_stage,
+    launch_command,
+    launch_dpo,
+    launch_sft,
+    srun_command,
+)
+
+TINY = "bundled:tiny-random-llama"
+EXAMPLES = [{"input_ids": list(range(10 + i, 40 + i)), "labels": [-100] * 10 + list(range(20 + i, 40 + i))}
+            for i in range(8)]
+PAIRS = [{"prompt": f"Question {i}: what is {i} plus {i}?", "chosen": f" The answer is {2 * i}.",
+          "rejected": f" I think it is {2 * i + 1}, maybe."} for i in range(8)]
+
+
+def _launch(tmp_path: Path, **overrides: object) -> LaunchSettings:
+    return LaunchSettings(**{"mode": "accelerate", "processes_per_machine": 2, "root": str(tmp_path / "launches"),
+                             "threads_per_process": 1, **overrides})
+
+
+def _sft(steps: int = 3) -> SFTSettings:
+    return SFTSettings(max_steps=steps, per_device_train_batch_size=1, save_steps=1, lora_r=4, lora_alpha=8)
+
+
+# ------------------------------------------------------------------------------------------ settings and commands
+
+
+def test_in_process_is_the_default():
+    assert not LaunchSettings().enabled
+
+
+def test_several_machines_need_a_rendezvous():
+    with pytest.raises(ValueError, match="main_process_ip"):
+        LaunchSettings(mode="accelerate", num_machines=2, main_process_port=29500)
+    with pytest.raises(ValueError, match=r"fixed launch\.main_process_port"):
+        LaunchSettings(mode="accelerate", num_machines=2, main_process_ip="10.0.0.1")
+    with pytest.raises(ValueError, match="neither a shipped accelerate config"):
+        LaunchSettings(mode="accelerate", config="zero4")
+
+
+def test_the_command_is_accelerate_s_own_launcher_with_a_shipped_config(tmp_path):
+    settings = LaunchSettings(mode="accelerate", processes_per_machine=8, num_machines=2, machine_rank=1,
+                              config="zero3", gpu_ids=[0, 1, 2, 3, 4, 5, 6, 7], main_process_ip="10.0.0.1",
+                              main_process_port=29500)
+    command = launch_command(settings, tmp_path, mixed_precision="bf16")
+    assert command[1:3] == ["-m", "accelerate.commands.launch"]
+    options = dict(zip(command[3:-3:2], command[4:-3:2], strict=True))
+    assert Path(options["--config_file"]).name == "zero3.yaml" and Path(options["--config_file"]).is_file()
+    assert options["--num_processes"] == "16" and options["--num_machines"] == "2"  # accelerate counts all machines
+    assert options["--machine_rank"] == "1" and options["--main_process_ip"] == "10.0.0.1"
+    assert options["--gpu_ids"] == "0,1,2,3,4,5,6,7" and options["--mixed_precision"] == "bf16"
+    assert command[-3:] == ["-m", "prorag.training.launch_worker", str(tmp_path)]
+
+    srun = srun_command(settings.model_copy(update={"srun": True, "main_process_ip": None}), tmp_path)
+    assert srun[:5] == ["srun", "--nodes=2", "--ntasks-per-node=1", "bash", "-c"]
+    assert "--machine_rank $SLURM_NODEID" in srun[5] and "--main_process_ip $MASTER_ADDR" in srun[5]
+
+
+def test_fsdp_with_in_process_rollouts_and_vllm_colocate_are_refused():
+    fsdp = LaunchSettings(mode="accelerate", processes_per_machine=2, config="fsdp2")
+    with pytest.raises(ValueError, match=r"FSDP.*cannot run GRPO's in-process multi-turn rollouts"):
+        check_stage("grpo", fsdp)
+    check_stage("grpo", fsdp, policy_server=True)  # generation on the vLLM server: fine
+    check_stage("sft", fsdp)
+    check_stage("grpo", fsdp.model_copy(update={"config": "zero3"}))
+    with pytest.raises(ValueError, match="colocate mode is not supported"):
+        check_stage("grpo", fsdp, vllm_mode="colocate")
+
+
+# ------------------------------------------------------------------------------------------ 2 gloo processes
+
+
+@pytest.mark.distributed
+def test_sft_trains_on_two_gloo_processes_and_checkpoints(tmp_path):
+    result = launch_sft(TINY, EXAMPLES, _sft(), _launch(tmp_path))
+    assert (result.world_size, result.backend, result.distributed_type) == (2, "gloo", "MULTI_CPU")
+    assert result.global_step == 3 and result.resumed_from is None
+    assert (result.adapter / "adapter_model.safetensors").is_file()
+    assert [entry["step"] for entry in result.log_history if "loss" in entry] == [1, 2, 3]
+    run = result.bundle / "run"
+    assert json.loads((run / "COMPLETED").read_text())["global_step"] == 3
+    assert sorted(path.name for path in (run / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    bundle = json.loads((result.bundle / "bundle.json").read_text())
+    assert bundle["format"] == 1 and bundle["stage"] == "sft" and bundle["launch"]["processes_per_machine"] == 2
+
+
+@pytest.mark.distributed
+def test_a_rank_that_raises_fails_the_launch_with_its_traceback_and_keeps_the_checkpoints(tmp_path, monkeypatch):
+    from prorag.training.dpo import DPOTrainingConfig
+
+    config = DPOTrainingConfig(max_steps=3, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                               learning_rate=1e-3, warmup_ratio=0.0, save_steps=1, lora_r=4, lora_alpha=8)
+    launch = _launch(tmp_path)
+    monkeypatch.setenv(FAULT_ENV, "rank=1,step=2,action=raise")
+    with pytest.raises(LaunchError) as failed:
+        launch_dpo(TINY, PAIRS, config, launch, metrics_prefix=None)
+    assert failed.value.rank == 1
+    assert "rank 1 of 2 failed" in str(failed.value)
+    assert "RuntimeError: fault injected on rank 1 at step 2" in str(failed.value)
+    assert 'launch_worker.py", line' in failed.value.rank_traceback  # the rank's own traceback
+    checkpoints = failed.value.bundle / "run" / "checkpoints"
+    assert (checkpoints / "checkpoint-1" / "trainer_state.json").is_file()  # saved before the failure: kept
+
+    monkeypatch.delenv(FAULT_ENV)
+    result = launch_dpo(TINY, PAIRS, config, launch, metrics_prefix=None)  # the same launch again: resumes
+    assert result.bundle == failed.value.bundle
+    assert Path(result.resumed_from or "").name == "checkpoint-1"
+    # the restored history of step 1, then steps 2 and 3 trained by this attempt: no step is trained twice
+    assert [entry["step"] for entry in result.log_history if "loss" in entry] == [1, 2, 3]
+    assert result.global_step == 3
+
+
+LAUNCHER = """
+import sys
+from prorag.training.config import SFTSettings
+from prorag.training.launch import LaunchSettings, launch_sft
+examples = {examples!r}
+launch = LaunchSettings(mode="accelerate", processes_per_machine=2, root={root!r}, threads_per_process=1)
+result = launch_sft({model!r}, examples, SFTSettings(max_steps=4, per_device_train_batch_size=1, save_steps=1,
+                                                     lora_r=4, lora_alpha=8), launch)
+print("RESUMED_FROM", result.resumed_from, "STEPS", [e["step"] for e in result.log_history if "loss" in e])
+"""
+
+
+def _ranks_of(bundle_root: Path) -> list[int]:
+    """Process ids whose command line names the bundle root (the launch's workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                command = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(bundle_root) in command and "launch_worker" in command:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.distributed
+def test_kill_9_of_the_launcher_then_the_same_launch_resumes(tmp_path):
+    root = tmp_path / "launches"
+    script = LAUNCHER.format(examples=EXAMPLES, root=str(root), model=TINY)
+    env = {**os.environ, FAULT_ENV: "rank=0,step=2,action=sleep:120"}  # a window to kill it in, after checkpoint-1
+    launcher = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    checkpoint = None
+    while time.monotonic() < deadline and checkpoint is None:
+        time.sleep(1)
+        checkpoint = next(iter(root.glob("sft-*/run/checkpoints/checkpoint-1/trainer_state.json")), None)
+    assert checkpoint is not None, "no checkpoint within 4 minutes"
+    time.sleep(2)  # rank 0 is asleep at the end of step 2
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 60
+    while _ranks_of(root) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not _ranks_of(root), "the ranks outlived the killed launcher"
+    assert not (checkpoint.parents[2] / "COMPLETED").exists()
+
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                               env={key: value for key, value in os.environ.items() if key != FAULT_ENV})
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESUMED_FROM"))
+    resumed, steps = line.split(" STEPS ")
+    assert resumed.endswith("checkpoint-1")
+    assert json.loads(steps) == [1, 2, 3, 4]  # step 1 restored from the checkpoint, then the steps continue
