@@ -148,8 +148,12 @@ def test_conf_base_tearag_ip_dpo_does_not_train_on_nq_open_dev_1(monkeypatch):
 
     def run(node) -> None:
         for name in node.inputs:
-            if name.startswith("params:") and name not in values:
-                values[name] = schemas[name.removeprefix("params:")].model_validate(conf[name.removeprefix("params:")])
+            if name.startswith("params:") and name not in values:  # e.g. params:methods.tearag.stages.tearag
+                path = name.removeprefix("params:").split(".")
+                value = conf
+                for key in path:
+                    value = value[key]
+                values[name] = schemas[path[-1]].model_validate(value)  # the block's schema: its last key's
         values.update(node.run({name: values[name] for name in node.inputs}))
 
     pipeline = register_pipelines()["train_tearag"]

@@ -27,7 +27,7 @@ def steps_and_optimal(draw: st.DrawFn) -> tuple[int, int]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(counts=steps_and_optimal(), lambda_f=lambdas, lambda_p=st.floats(min_value=0.0, max_value=5.0))
+@given(counts=steps_and_optimal(), lambda_f=lambdas, lambda_p=st.floats(min_value=0.0, max_value=1.0))
 def test_correct_and_well_formed_gets_one_plus_the_bonus(counts, lambda_f, lambda_p):
     n_steps, n_optimal = counts
     reward = hierarchical_reward(True, True, n_steps, n_optimal, lambda_f=lambda_f, lambda_p=lambda_p)
