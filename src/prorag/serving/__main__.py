@@ -1,8 +1,9 @@
 """``python -m prorag.serving --model SPEC [--host 127.0.0.1] [--port 8000] [--dtype bfloat16]``.
 
 Serves a causal LM from the registry (``bundled:…``, a local folder, a hub name) with the OpenAI API
-(see :mod:`prorag.serving.app`). The API key comes from ``--api-key`` or ``$PRORAG_SERVE_API_KEY``; without
-one the server is open, so it binds to 127.0.0.1 unless ``--host`` says otherwise.
+(see :mod:`prorag.serving.app`). The API key comes from ``$PRORAG_SERVE_API_KEY``, ``--api-key-file`` or
+``--api-key`` (which every user of the machine can read in ``ps``: a warning says so); without one the server is
+open, so it binds to 127.0.0.1 unless ``--host`` says otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from prorag.redaction import install_log_redaction
 from prorag.serving.app import DEFAULT_HOST
@@ -51,10 +53,32 @@ def build_parser() -> argparse.ArgumentParser:
                         help="longest wait for the next chunk of a request body (default: %(default)s)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice; 1 is often faster on shared CPUs)")
-    parser.add_argument("--api-key", default=None, help="require this bearer token (default: $PRORAG_SERVE_API_KEY)")
+    parser.add_argument("--api-key", default=None,
+                        help="require this bearer token (seen in `ps`: prefer $PRORAG_SERVE_API_KEY, --api-key-file)")
+    parser.add_argument("--api-key-file", default=None, help="require the bearer token stored in this file")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="logging level of the server and uvicorn (default: %(default)s)")
     return parser
+
+
+def server_api_key(args: argparse.Namespace) -> str | None:
+    """The bearer token the server requires: ``--api-key-file``'s content, ``--api-key`` (with a warning: any
+    user of the machine reads it in ``ps``), else ``$PRORAG_SERVE_API_KEY``; None: an open server."""
+    if args.api_key is not None and args.api_key_file is not None:
+        raise SystemExit("give --api-key or --api-key-file, not both")
+    if args.api_key_file is not None:
+        try:
+            key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
+        except OSError as error:
+            raise SystemExit(f"--api-key-file {args.api_key_file}: {error.strerror}") from None
+        if not key:
+            raise SystemExit(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    if args.api_key is not None:
+        logger.warning("--api-key is visible to every user of this machine in `ps`; prefer $PRORAG_SERVE_API_KEY "
+                       "or --api-key-file")
+        return args.api_key or None
+    return os.environ.get("PRORAG_SERVE_API_KEY") or None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
-    api_key = args.api_key or os.environ.get("PRORAG_SERVE_API_KEY") or None
+    api_key = server_api_key(args)
     if args.host not in _LOOPBACK:
         logger.warning("binding %s: the server is reachable from other machines%s", args.host,
                        "" if api_key else " and has no API key")
