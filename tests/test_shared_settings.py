@@ -235,3 +235,19 @@ def test_method_errors_are_found_when_the_context_is_created(tmp_path):
     with pytest.raises(ParameterError, match=r"methods\.hiprag: .*not stages of recipe 'sft_rl'"):
         OmegaConfigLoader(str(CONF), **CONFIG_LOADER_ARGS,
                           runtime_params={"methods": {"hiprag": {"stages": {"dpo": {}}}}})["parameters"]
+
+
+@pytest.mark.parametrize("env", ["local", "gpu"])
+def test_the_parameters_kedro_types_for_the_run_validate_again_before_it(env):
+    """Kedro instantiates typed node parameters inside the nested method blocks (``methods.hiprag.reward`` becomes
+    a ``HiPRAGSettings``); the validation before the run must read them back (a first ``make train`` failed on it)."""
+    from kedro.framework.session import KedroSession
+    from kedro.framework.startup import bootstrap_project
+
+    from prorag.hooks import ParameterValidationHook
+
+    root = CONF.parent
+    bootstrap_project(root)
+    with KedroSession.create(project_path=root, env=env) as session:
+        catalog = session.load_context().catalog
+        ParameterValidationHook().before_pipeline_run({}, register_pipelines()["train"], catalog)

@@ -80,8 +80,7 @@ def validate_parameters(parameters: Mapping[str, Any],
             problems.append(f"unknown parameter key {namespace!r}{_did_you_mean(namespace, schemas)} "
                             f"(known top-level keys: {known})")
             continue
-        if isinstance(values, BaseModel):  # already instantiated by Kedro's typed-parameter validation
-            values = values.model_dump()
+        values = _plain(values)  # blocks Kedro's typed-parameter validation already instantiated, at any depth
         if not isinstance(values, Mapping):
             problems.append(f"parameter {namespace!r} must be a mapping, got {type(values).__name__}")
             continue
@@ -94,6 +93,17 @@ def validate_parameters(parameters: Mapping[str, Any],
     if problems:
         raise ParameterError(f"{len(problems)} invalid parameters:\n  " + "\n  ".join(problems))
     return parsed
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every pydantic model in it (at any depth: ``methods.<name>.reward``) dumped to a mapping."""
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _did_you_mean(key: str, valid: Collection[str], prefix: str = "") -> str:
