@@ -251,3 +251,40 @@ def test_the_parameters_kedro_types_for_the_run_validate_again_before_it(env):
     with KedroSession.create(project_path=root, env=env) as session:
         catalog = session.load_context().catalog
         ParameterValidationHook().before_pipeline_run({}, register_pipelines()["train"], catalog)
+
+
+def _endpoints(tree: object, path: str = "") -> list[tuple[str, str, str | None]]:
+    """(path, base_url, api_key_env) of every block with a base_url; an unset api_key_env is its spec's default
+    (None for rl.policy_server, OPENAI_API_KEY for every other spec); policy.trained_server takes the policy's."""
+    found = []
+    if isinstance(tree, dict):
+        if isinstance(tree.get("base_url"), str):
+            default = None if path.endswith("policy_server") else "OPENAI_API_KEY"
+            found.append((path, tree["base_url"], tree.get("api_key_env", default)))
+            if isinstance(tree.get("trained_server"), dict):
+                found.append((f"{path}.trained_server", tree["trained_server"]["base_url"],
+                              tree.get("api_key_env", default)))
+                tree = {key: value for key, value in tree.items() if key != "trained_server"}
+        for key, value in tree.items():
+            found += _endpoints(value, f"{path}.{key}" if path else str(key))
+    return found
+
+
+ALL_ENVS = {**ENVS, "hiprag_vs_search_r1": lambda: _parameters("hiprag_vs_search_r1"),
+            "cpu_distributed": lambda: _parameters("cpu_distributed")}
+
+
+@pytest.mark.parametrize("env", sorted(ALL_ENVS))
+def test_every_endpoint_of_every_env_pairs_its_key(env):
+    """A block that names a server gets a key variable the pairing rule accepts for it (OPENAI_API_KEY only for
+    api.openai.com): under --env gpu the KG extractor inherited OPENAI_API_KEY for its loopback vLLM and was refused
+    before its first request."""
+    from prorag.llm.openai_backend import MissingApiKeyError, api_key_from_env
+
+    endpoints = _endpoints(ALL_ENVS[env]())
+    assert endpoints or env in ("local", "cpu_long", "cpu_distributed")
+    for path, url, variable in endpoints:
+        try:
+            api_key_from_env(variable, endpoint=path, base_url=url)
+        except MissingApiKeyError:
+            pass  # a named variable for its own server: set at run time

@@ -16,6 +16,7 @@ import click
 from kedro.framework.cli.project import run as kedro_run
 
 from prorag.errors import TRACEBACK_ENV, user_error_message
+from prorag.redaction import redact_text
 
 TRACEBACK_HINT = f"(the traceback: add --traceback or set {TRACEBACK_ENV}=1)"
 
@@ -33,7 +34,7 @@ def _run(ctx: click.Context, traceback: bool, **kwargs: Any) -> Any:
         message = user_error_message(error)
         if message is None or _traceback_wanted(traceback):
             raise
-        click.secho(f"Error: {message}", fg="red", err=True)
+        click.secho(f"Error: {redact_text(message)}", fg="red", err=True)  # printed, not logged: no filter
         click.echo(TRACEBACK_HINT, err=True)
         ctx.exit(1)
 

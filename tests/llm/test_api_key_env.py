@@ -107,3 +107,24 @@ def test_the_openai_key_goes_only_to_openai(recording_server, planted_openai_key
         api_key_from_env("OPENAI_API_KEY", endpoint="x", base_url="https://api.openai.com.evil.example/v1")
     assert api_key_from_env("OPENAI_API_KEY", endpoint="x", base_url="https://api.openai.com/v1") == PLANTED
     assert received == []
+
+
+def test_the_openai_key_of_a_policy_does_not_follow_its_trained_model_to_another_server(tmp_path, monkeypatch,
+                                                                                         recording_server):
+    """A full trained model goes to ``policy.trained_server``: the policy's key variable is paired again with that
+    server, so OPENAI_API_KEY configured for api.openai.com never reaches a loopback server."""
+    import prorag.llm.factory as factory
+    from prorag.llm.openai_backend import UnpairedApiKeyError
+    from prorag.llm.served import TrainedServerSpec
+
+    url, received = recording_server
+    before = len(received)
+    monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
+    monkeypatch.setattr(factory, "_serves", lambda *args: False)  # api.openai.com does not serve a local folder
+    folder = tmp_path / "rl_model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(UnpairedApiKeyError, match="the trained policy at"):
+        build_generator(str(folder), backend="openai", base_url="https://api.openai.com/v1",
+                        api_key_env="OPENAI_API_KEY", trained_server=TrainedServerSpec(base_url=url))
+    assert len(received) == before

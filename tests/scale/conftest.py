@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
+from prorag.gpus import NODE_GPUS_ENV
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.serving import create_app, serve_in_thread
@@ -46,8 +47,9 @@ def eight_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", count)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for name in ("CUDA_VISIBLE_DEVICES", NODE_GPUS_ENV, "WORLD_SIZE"):  # set first, so whatever the run sets is undone
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
 
 class Captured:

@@ -40,7 +40,7 @@ class ExtractorSpec(StrictModel):
     model: str = Field(default=BUNDLED_SMOLLM2, min_length=1)
     backend: Literal["transformers", "openai"] = "transformers"
     base_url: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
+    api_key_env: str | None = "OPENAI_API_KEY"
     """The NAME of the environment variable holding the key (never the key)."""
     mode: Literal["completions", "chat"] = "chat"
     """OpenAI backend only: chat endpoint (the server applies the model's chat template) or completions."""

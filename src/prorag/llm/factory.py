@@ -38,8 +38,10 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
         if adapter:
             served = served_adapter_name(base_url, adapter, api_key=api_key)
         elif is_local_folder(model) and not _serves(base_url, model, api_key):
-            served = served_model_name(trained_server, model, api_key=api_key)
             url = trained_server.base_url if trained_server is not None else base_url
+            if url != base_url:  # the policy's key variable, paired again with the server it now goes to
+                api_key = api_key_from_env(api_key_env, endpoint=f"the trained policy at {url}", base_url=url)
+            served = served_model_name(trained_server, model, api_key=api_key)
         return OpenAICompatibleGenerator(url, served, api_key, mode=mode,
                                          max_concurrency=max_concurrency, timeout=timeout, tokenizer=model)
     if backend != "transformers":

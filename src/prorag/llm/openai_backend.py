@@ -123,7 +123,7 @@ def api_key_from_env(api_key_env: str | None, *, endpoint: str, base_url: str | 
     return value
 
 
-class UnpairedApiKeyError(ValueError):
+class UnpairedApiKeyError(UserError, ValueError):
     """The OpenAI key variable is configured for an endpoint that is not OpenAI's API."""
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from prorag.data.records import Passage
+from prorag.gpus import pin_child_to
 from prorag.retrieval.base import RetrievalError
 from prorag.retrieval.disk_store import DiskPassageStore
 from prorag.retrieval.embedder import Embedder, load_embedder
@@ -125,7 +126,7 @@ def embed_shards(embedder: Embedder, store: Sequence[Passage], directory: Path, 
 def _worker(store_path: str, store_format: str, spec: str, options: dict[str, Any], device: str, directory: str,
             shard_size: int, shards: list[int], dtype: str) -> None:  # pragma: no cover - runs in a child process
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{device}] %(message)s")
-    embedder = load_embedder(spec, device=device, **options)
+    embedder = load_embedder(spec, device=pin_child_to(device), **options)
     store = DiskPassageStore(store_path, store_format)
     meter = ProgressMeter(len(shards) * shard_size, unit="passages", label=f"[{device}] embedded")
     embed_shards(embedder, store, Path(directory), shard_size, shards, dtype, meter)

@@ -11,6 +11,9 @@ Estimates (GiB = 2**30 bytes), per process, from the model's size and the config
   2 B × layers`` — plus one layer recomputed in full (≈ 34 × hidden B per token, Korthikanti et al. 2022); without
   it, every layer's. Trainers that materialise the logits (SFT, DPO) add ``micro-batch × sequence × vocabulary ×
   4 B``; TRL's GRPO computes log-probabilities in chunks and adds one chunk.
+* **Sharded over a launch** (``launch.mode: accelerate``, :class:`Sharding`): ZeRO-2 splits gradients and
+  optimizer moments over the ranks (each keeps its fp32 weights: 4 B + 12 B / ranks); ZeRO-3 and FSDP2 split
+  weights too (16 B / ranks, and the frozen base of LoRA 2 B / ranks); DDP splits nothing. Activations are per rank.
 * **A vLLM server** needs its weights (2 B per parameter in bf16, 1 in FP8) split over its tensor-parallel GPUs
   within ``gpu_memory_utilization`` of each, with at least :data:`KV_RESERVE` of it left for the KV cache.
 
@@ -81,6 +84,30 @@ def model_shape(model: str) -> ModelShape | None:
 
 
 @dataclass(frozen=True)
+class Sharding:
+    """How a launch splits a trainer's states over its ``ranks``: ``stage`` 0 (one process, DDP), 2 (ZeRO-2:
+    gradients and optimizer) or 3 (ZeRO-3, FSDP2: parameters too)."""
+
+    ranks: int = 1
+    stage: int = 0
+
+    def states_bytes(self, full_parameters: bool, reference_copy: bool) -> float:
+        """Bytes per parameter of one rank (module docstring)."""
+        shared = 2.0 if reference_copy else 0.0
+        if not full_parameters:
+            frozen = 2.0 + shared
+            return frozen / self.ranks if self.stage >= 3 else frozen
+        if self.stage >= 3:
+            return (16.0 + shared) / self.ranks
+        if self.stage == 2:
+            return 4.0 + 12.0 / self.ranks + shared
+        return 16.0 + shared
+
+
+UNSHARDED: Final = Sharding()
+
+
+@dataclass(frozen=True)
 class TrainerLoad:
     """One training stage as the memory check sees it; ``knob`` is the parameter prefix a refusal names."""
 
@@ -109,12 +136,9 @@ class Estimate:
         return self.states + self.activations
 
 
-def estimate(load: TrainerLoad, shape: ModelShape) -> Estimate:
-    """The estimate of one training stage (module docstring)."""
-    bytes_per_parameter = 16.0 if load.full_parameters else 2.0
-    if load.reference_copy:
-        bytes_per_parameter += 2.0
-    states = shape.parameters * bytes_per_parameter
+def estimate(load: TrainerLoad, shape: ModelShape, sharding: Sharding = UNSHARDED) -> Estimate:
+    """The estimate of one training stage on one rank (module docstring)."""
+    states = shape.parameters * sharding.states_bytes(load.full_parameters, load.reference_copy)
     tokens = load.micro_batch * load.sequence
     kept_layers = shape.layers if load.gradient_checkpointing else 0
     per_token = shape.hidden * (2.0 * kept_layers + 34.0 * (1 if load.gradient_checkpointing else shape.layers))
@@ -123,9 +147,10 @@ def estimate(load: TrainerLoad, shape: ModelShape) -> Estimate:
     return Estimate(load.stage, states / GIB, activations / GIB)
 
 
-def check_trainers(loads: list[TrainerLoad], placement: PlacementSpec) -> list[Estimate]:
-    """Estimate every GPU stage; refuse the first that cannot fit ``placement.gpu_memory_gib`` (one process, one
-    GPU), naming the knob."""
+def check_trainers(loads: list[TrainerLoad], placement: PlacementSpec,
+                   sharding: Sharding = UNSHARDED) -> list[Estimate]:
+    """Estimate every GPU stage on one rank; refuse the first that cannot fit ``placement.gpu_memory_gib`` (one
+    process per GPU), naming the knob."""
     budget = placement.gpu_memory_gib * HEADROOM
     estimates = []
     for load in loads:
@@ -134,17 +159,21 @@ def check_trainers(loads: list[TrainerLoad], placement: PlacementSpec) -> list[E
             logger.warning("memory check: the size of %s (%s) is unknown; %s is not checked", load.model, load.stage,
                            load.stage)
             continue
-        found = estimate(load, shape)
+        found = estimate(load, shape, sharding)
         estimates.append(found)
         if found.total <= budget:
             continue
-        what = (f"{load.stage} needs about {found.total:.0f} GiB on one GPU ({found.states:.0f} GiB of weights, "
+        where = "one GPU" if sharding.ranks == 1 else f"each of {sharding.ranks} ranks (stage {sharding.stage})"
+        what = (f"{load.stage} needs about {found.total:.0f} GiB on {where} ({found.states:.0f} GiB of weights, "
                 f"gradients, optimizer and reference, {found.activations:.0f} GiB of activations for "
                 f"{load.micro_batch} sequences of {load.sequence} tokens), more than {budget:.0f} GiB "
                 f"({HEADROOM:.0%} of placement.gpu_memory_gib {placement.gpu_memory_gib:g})")
-        if found.states > budget:
+        if found.states > budget and sharding.stage >= 3:
+            fix = (f"more ranks (launch.processes_per_machine, launch.num_machines), a LoRA adapter ({load.knob} "
+                   "lora: true) or a smaller policy.model")
+        elif found.states > budget:
             fix = (f"train a LoRA adapter ({load.knob} lora: true), a smaller policy.model, or shard the states "
-                   "over several GPUs with accelerate launch + DeepSpeed ZeRO-3 (docs/scaling.md)")
+                   "over several GPUs with launch.mode: accelerate and launch.config: zero3 (docs/distributed.md)")
         else:
             room = budget - found.states
             fitting = max(0, int(load.micro_batch * room / found.activations)) if found.activations else 0

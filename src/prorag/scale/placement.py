@@ -136,6 +136,7 @@ def select_trainer_gpu(placement: PlacementSpec | None, *, training_on_gpu: bool
     Under a distributed launch (``WORLD_SIZE`` > 1) the launcher decides. A ``CUDA_VISIBLE_DEVICES`` naming one GPU
     is kept; one naming several is refused, as is a process whose CUDA is already initialised with several GPUs.
     """
+    from prorag.gpus import narrow_to
     from prorag.training.devices import DevicePlacementError, launched_processes, one_gpu_instruction, visible_gpus
 
     if not training_on_gpu or launched_processes() > 1:
@@ -145,7 +146,7 @@ def select_trainer_gpu(placement: PlacementSpec | None, *, training_on_gpu: bool
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     chosen = placement.trainer_gpu if placement is not None else None
     if visible is None and chosen is not None and not torch.cuda.is_initialized():
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(chosen)
+        narrow_to(chosen)
         logger.info("training on GPU %d (placement.trainer_gpu): CUDA_VISIBLE_DEVICES=%d", chosen, chosen)
     elif visible is not None and chosen is not None and visible.strip() != str(chosen):
         logger.warning("CUDA_VISIBLE_DEVICES=%s is kept; placement.trainer_gpu is %d", visible, chosen)

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prorag.scale.memory import Estimate, TrainerLoad, check_servers, check_trainers
-from prorag.scale.placement import PlacementSpec, check_placement, select_trainer_gpu
+from prorag.scale.memory import UNSHARDED, Estimate, Sharding, TrainerLoad, check_servers, check_trainers
+from prorag.scale.placement import PlacementError, PlacementSpec, check_placement, select_trainer_gpu
 
 logger = logging.getLogger(__name__)
 
@@ -98,17 +98,65 @@ class Preflight:
     servers: dict[str, float]
 
 
+def launch_sharding(parameters: Mapping[str, Any]) -> Sharding | None:
+    """The sharding of ``launch`` when the training nodes run under ``accelerate launch``; None when they train in
+    the ``kedro run`` process."""
+    from prorag.training.launch import LaunchSettings, sharding_stage
+
+    raw = parameters.get("launch")
+    if not isinstance(raw, Mapping) or raw.get("mode", "in_process") != "accelerate":
+        return None
+    settings = LaunchSettings.model_validate(raw)
+    return Sharding(ranks=settings.world_size, stage=sharding_stage(settings.config))
+
+
+def check_launch_gpus(parameters: Mapping[str, Any], placement: PlacementSpec) -> None:
+    """The training ranks of a launch take ``launch.gpu_ids`` of this machine: refuse ids that do not exist, that a
+    server holds, or whose count is not ``processes_per_machine``; without ids every visible GPU is taken, which
+    collides with any declared server's GPUs."""
+    launch = parameters["launch"]
+    processes = int(launch.get("processes_per_machine", 1))
+    servers = {gpu: name for name, server in placement.active().items() for gpu in server.gpus}
+    ids = launch.get("gpu_ids")
+    if ids is None:
+        if servers:
+            free = [gpu for gpu in range(placement.gpus_per_node) if gpu not in servers]
+            raise PlacementError(
+                f"launch.gpu_ids is unset, so the {processes} training processes would take every visible GPU, "
+                f"including the servers' {sorted(servers)}: set launch.gpu_ids to {processes} of the free GPUs "
+                f"{free}")
+        return
+    if len(ids) != processes:
+        raise PlacementError(f"launch.gpu_ids names {len(ids)} GPU(s) for launch.processes_per_machine {processes}: "
+                             "one training process per GPU")
+    for gpu in ids:
+        if gpu >= placement.gpus_per_node:
+            raise PlacementError(f"launch.gpu_ids: GPU {gpu} does not exist on a node of {placement.gpus_per_node}")
+        if gpu in servers:
+            raise PlacementError(f"launch.gpu_ids: GPU {gpu} is held by placement.servers.{servers[gpu]}: one "
+                                 "process per GPU")
+
+
 def preflight(parameters: Mapping[str, Any]) -> Preflight:
     """Refuse, before any work, a run whose placement collides, whose trainer would see several GPUs, or whose
     processes cannot fit their GPUs (:mod:`prorag.scale.placement`, :mod:`prorag.scale.memory`). A run without a
-    ``placement`` (the CPU default) only gets the one-GPU check of its GPU trainers."""
+    ``placement`` (the CPU default) only gets the one-GPU check of its GPU trainers.
+
+    Under ``launch.mode: accelerate`` the training nodes do not train in this process: it is not narrowed to one GPU
+    (the launch takes ``launch.gpu_ids``, checked against the servers' GPUs), and each stage is estimated per rank
+    with the launch's sharding (ZeRO-2 / ZeRO-3 / FSDP2)."""
     placement = check_placement(parameters)
     loads = trainer_loads(parameters)
-    select_trainer_gpu(placement, training_on_gpu=bool(loads))
+    sharding = launch_sharding(parameters)
+    if sharding is None:
+        select_trainer_gpu(placement, training_on_gpu=bool(loads))
     if placement is None:
         return Preflight(None, [], {})
+    if sharding is not None:
+        check_launch_gpus(parameters, placement)
     servers = check_servers(placement)
-    trainers = check_trainers(loads, placement)
+    trainers = check_trainers(loads, placement, sharding or UNSHARDED)
+    where = f"GPU {placement.trainer_gpu}" if sharding is None else f"each of {sharding.ranks} ranks"
     for found in trainers:
-        logger.info("memory plan: %s about %.0f GiB on GPU %s", found.stage, found.total, placement.trainer_gpu)
+        logger.info("memory plan: %s about %.0f GiB on %s", found.stage, found.total, where)
     return Preflight(placement, trainers, servers)

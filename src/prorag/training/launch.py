@@ -151,6 +151,26 @@ def config_kind(config: str) -> str:
     return "ddp"
 
 
+def sharding_stage(config: str) -> int:
+    """What an accelerate config shards across ranks: 3 (ZeRO-3, FSDP: parameters, gradients, optimizer), 2 (ZeRO-2:
+    gradients and optimizer), 1 (ZeRO-1: optimizer) or 0 (DDP)."""
+    import yaml
+
+    path = config_path(config)
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    kind = str(loaded.get("distributed_type", ""))
+    if kind == "FSDP":
+        return 3
+    if kind == "DEEPSPEED":
+        deepspeed = loaded.get("deepspeed_config") or {}
+        stage = deepspeed.get("zero_stage")
+        if stage is None and deepspeed.get("deepspeed_config_file"):
+            stage = (json.loads(Path(deepspeed["deepspeed_config_file"]).read_text(encoding="utf-8"))
+                     .get("zero_optimization", {}).get("stage"))
+        return int(stage or 0)
+    return 0
+
+
 def check_stage(stage: Stage, settings: LaunchSettings, *, policy_server: bool = False,
                 vllm_mode: str | None = None) -> None:
     """Refuse combinations that cannot work, before anything starts.

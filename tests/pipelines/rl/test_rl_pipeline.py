@@ -68,7 +68,7 @@ def test_train_rl_continues_the_adapter_and_logs_each_step(questions, index, sta
     assert {"reward", "rewards/process/mean", "agent/format_rate", "agent/cem"} <= set(log[0])
     run_dir = tmp_path / "runs" / run_fingerprint(params, start_adapter,
                                                   [Question.from_dict(q) for q in questions[:4]],
-                                                  POLICY, AGENT, HiPRAGSettings())
+                                                  POLICY, AGENT, HiPRAGSettings(), index=index.fingerprint())
     assert adapter == str(run_dir / "adapter") and (run_dir / COMPLETED_MARKER).is_file()
 
 
@@ -82,6 +82,9 @@ def test_the_run_folder_depends_on_the_settings(questions, start_adapter, tmp_pa
     assert base != run_fingerprint(_params(tmp_path), start_adapter, chosen, POLICY,
                                    AGENT.model_copy(update={"step_budget": 2}), HiPRAGSettings())
     assert base != run_fingerprint(_params(tmp_path), start_adapter + "-other", chosen, *shared)
+    reindexed = run_fingerprint(_params(tmp_path), start_adapter, chosen, *shared, index="0123456789abcdef")
+    assert reindexed != base != run_fingerprint(_params(tmp_path), start_adapter, chosen, *shared,
+                                                index="fedcba9876543210") != reindexed
     resumable = _params(tmp_path).model_copy(update={"trainer": _params(tmp_path).trainer.model_copy(
         update={"resume": False})})
     assert base == run_fingerprint(resumable, start_adapter, chosen, *shared)

@@ -74,7 +74,8 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
         questions, index, retriever=params.retriever, agent=agent, reward=reward, trainer=trainer,
         generation_batch_size=params.generation_batch_size, judge_for_metrics=params.judge_for_metrics,
         policy_server=server)
-    run_dir = Path(params.run_root) / run_fingerprint(params, start or "", questions, policy, agent, reward)
+    run_dir = Path(params.run_root) / run_fingerprint(params, start or "", questions, policy, agent, reward,
+                                                      index=index.fingerprint())
     adapter, history = train_grpo_lora(policy.model, questions, rollout_function, run_dir, trainer,
                                        adapter_dir=start, full_parameters=not params.lora,
                                        callbacks=[MlflowStepMetrics("rl")])
@@ -94,12 +95,16 @@ def train_rl_from_instruct(question_records: list[dict[str, Any]], index: Retrie
 
 
 def run_fingerprint(params: RLParams, sft_adapter: str, questions: list[Question], policy: PolicySpec,
-                    agent: TrainedAgentSpec, reward: RewardSettings) -> str:
-    """A short hash of everything that determines a training run (the checkpoint folder's name)."""
+                    agent: TrainedAgentSpec, reward: RewardSettings, *, index: str = "") -> str:
+    """A short hash of everything that determines a training run (the checkpoint folder's name), the version of the
+    index it retrieves from included (:meth:`~prorag.retrieval.RetrievalIndex.fingerprint`): after a re-index a run
+    starts afresh instead of resuming checkpoints trained on other passages."""
     # trainer_args only when set, so runs from before it existed keep their fingerprint (and checkpoints)
     trainer_exclude = {"resume"} if params.trainer.trainer_args else {"resume", "trainer_args"}
     payload = {"rl": params.model_dump(exclude={"trainer": trainer_exclude, "policy_server": True}),
                "model": policy.model, "agent": agent.model_dump(exclude={"name"}), "reward": reward.model_dump(),
                "sft_adapter": str(Path(sft_adapter)) if sft_adapter else None,
                "questions": [question.key for question in questions]}
+    if index:  # only when known, so a fingerprint computed without an index keeps its value
+        payload["index"] = index
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
