@@ -15,10 +15,11 @@ export PRORAG_CACHE_DIR ?= $(CURDIR)/.cache/prorag
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help setup models train test lint viz mlflow-ui clean gpu-setup gpu-lock
+.PHONY: help setup models train train-all test lint viz mlflow-ui clean gpu-setup gpu-lock
 
 help:
 	@echo "make train       set up, then run the end-to-end pipeline: kedro run --pipelines=train"
+	@echo "make train-all   set up, then train every method of the methods map and compare them (scripts/train_all.py)"
 	@echo "make test        set up, then ruff and the test suite"
 	@echo "make setup       virtualenv and pinned install only; make models: also prepare the bundled models"
 	@echo "make lint        ruff only"
@@ -55,6 +56,9 @@ models: setup
 
 train: models
 	$(BIN)/kedro run --pipelines=train
+
+train-all: models
+	$(BIN)/python scripts/train_all.py
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks experiments scripts

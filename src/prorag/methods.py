@@ -25,13 +25,16 @@ from pydantic import Field
 
 from prorag.config import ParameterError, StrictModel
 
-Recipe = Literal["sft_rl", "rl_from_sft", "rl_from_instruct", "mcts_dpo", "tearag"]
+Recipe = Literal["sft_rl", "rl_from_sft", "rl_from_instruct", "mcts_dpo", "sft_mcts_dpo", "tearag"]
 
 RECIPE_STAGES: Final[dict[str, tuple[str, ...]]] = {
     "sft_rl": ("sft_synthesis", "sft", "rl"),          # gold trajectories -> LoRA SFT -> GRPO (HiPRAG §4)
     "rl_from_sft": ("rl",),                            # GRPO continuing the latest SFT adapter
     "rl_from_instruct": ("rl",),                       # GRPO from the instruct model, no SFT stage
     "mcts_dpo": ("reasonrag_data", "dpo"),             # ReasonRAG: MCTS + SPRE pairs -> DPO
+    # ReasonRAG with a cold-started explorer: gold trajectories in the method's protocol -> LoRA SFT, which explores
+    # the trees and which DPO continues
+    "sft_mcts_dpo": ("sft_synthesis", "sft", "reasonrag_data", "dpo"),
     "tearag": ("tearag",),                             # TeaRAG: SFT -> IP-DPO rounds (its own block)
 }
 """The parameter blocks each recipe's stages read (besides ``agent``, ``reward`` and ``policy``)."""

@@ -169,13 +169,20 @@ class _Recipes:
         if recipe == "rl_from_instruct":
             return _renamed(self.rl_from_instruct(evaluate=True),
                             {"rl_adapter": adapter, "rl_training_log": f"{name}_training_log"})
-        if recipe == "mcts_dpo":
+        if recipe in ("mcts_dpo", "sft_mcts_dpo"):
             # ReasonRAG §2: index → MCTS trees → step-level pairs → DPO → the DPO policy rolled out with the method's
-            # agent beside the base methods on the same dev questions → evaluation and judging
+            # agent beside the base methods on the same dev questions → evaluation and judging. sft_mcts_dpo first
+            # trains a cold start in the method's protocol (gold trajectories → LoRA SFT): it explores the trees and
+            # DPO continues it (the paper explores with GPT-4o; a 135M policy alone never answers right)
+            cold = f"{name}_sft_adapter" if recipe == "sft_mcts_dpo" else None
             built = (self.pipelines["index"] + self.pipelines["rollout"] + self.evaluated
-                     + reasonrag_data.create_pipeline() + dpo.create_pipeline()
+                     + reasonrag_data.create_pipeline(explorer_adapter=cold) + dpo.create_pipeline(init_adapter=cold)
                      + trained_policy_rollouts("dpo", [tags.REASONRAG])
                      + _concat("trajectories", "dpo_policy_trajectories") + self.judged)
+            if cold is not None:
+                renamed = {output: f"{name}_{output}" for output in (
+                    "sft_trajectories", "sft_synthesis_metrics", "sft_adapter", "sft_metrics")}
+                built += pipeline(self.pipelines["sft_synthesis"] + self.pipelines["sft"], outputs=renamed)
             return _renamed(built, {"dpo_adapter": adapter})
         if recipe == "tearag":
             # TeaRAG §4.3: index → KG → SFT data → SFT → IP-DPO rounds → TeaRAG rollouts → evaluation, judging

@@ -17,7 +17,9 @@ from prorag.retrieval.base import Hit
 from prorag.retrieval.bm25 import BM25Retriever
 from prorag.retrieval.store import PassageStore
 from prorag.training.synthesis import (
+    FIRST_HOP_DATASET,
     SynthesizedTrajectory,
+    first_hop_question,
     split_for_synthesis,
     synthesis_summary,
     synthesize_hotpotqa,
@@ -313,3 +315,52 @@ def test_single_search_on_real_popqa_questions():
         assert check_format(trajectory.completion) == (1, 1)
         golden = next(q for q in questions if q.key == trajectory.question_key).golden_answers
         assert any(normalize_answer(trajectory.answer) == normalize_answer(gold) for gold in golden)
+
+
+def test_first_hops_ask_each_self_contained_first_sub_question_on_its_own(musique, bm25):
+    """The first sub-question of a MuSiQue train record, asked alone: a single-hop example of the same split, one
+    search grounded in what the retriever returns; a ``>>`` relation or a ``#k`` placeholder is no question."""
+    records = musique[:12]
+    hops = [first_hop_question(question) for question in records]
+    usable = [(question, hop) for question, hop in zip(records, hops, strict=True) if hop is not None]
+    assert usable and len(usable) < len(records)
+    for question, hop in usable:
+        first = question.metadata["question_decomposition"][0]
+        assert hop.id == f"{question.id}#hop1" and hop.split == question.split and hop.source == question.source
+        assert hop.golden_answers == (first["answer"],) and hop.question.endswith("?")
+        assert ">>" not in hop.question and "#" not in hop.question
+    for question, hop in zip(records, hops, strict=True):
+        if hop is None:
+            first = question.metadata["question_decomposition"][0]["question"]
+            assert ">>" in first or re.search(r"#\d", first)
+    plain, _ = synthesize_trajectories(records, bm25, top_k=3, seed=0, protocol="hiprag")
+    with_hops, skipped = synthesize_trajectories(records, bm25, top_k=3, seed=0, protocol="hiprag", first_hops=True)
+    extra = [trajectory for trajectory in with_hops if trajectory.dataset == FIRST_HOP_DATASET]
+    assert [trajectory for trajectory in with_hops if trajectory.dataset != FIRST_HOP_DATASET] == plain
+    assert extra and len(extra) + sum(key.startswith(f"{FIRST_HOP_DATASET}/") for key in skipped) == len(usable)
+    for trajectory in extra:
+        assert trajectory.kind == "single_search" and trajectory.n_search == 1 and trajectory.n_non_search == 0
+        assert check_format(trajectory.completion) == (1, 1)
+        hop = next(hop for _, hop in usable if hop.key == trajectory.question_key)
+        assert normalize_answer(trajectory.answer) == normalize_answer(hop.golden_answers[0])
+
+
+def test_reasonrag_gold_transcripts_parse_as_the_engine_writes_them(musique, bm25):
+    """ReasonRAG renders gold trajectories (the cold start of its explorer): each planned search a query round with
+    the retrieved documents and its conclusion as the evidence, the label mask training only what the model writes."""
+    from prorag.protocol.reasonrag import ReasonRAGAdapter, parse
+
+    adapter = ReasonRAGAdapter()
+    trajectories, _ = synthesize_trajectories(musique[:10], bm25, top_k=3, seed=0, protocol=adapter,
+                                              first_hops=True)
+    hiprag, _ = synthesize_trajectories(musique[:10], bm25, top_k=3, seed=0, protocol="hiprag", first_hops=True)
+    assert [t.question_key for t in trajectories] == [t.question_key for t in hiprag]
+    for trajectory, twin in zip(trajectories, hiprag, strict=True):
+        parsed = parse(trajectory.completion)
+        queries = [item.content for item in parsed.rounds if item.action == "query"]
+        assert queries == list(twin.queries) and parsed.rounds[-1].content == trajectory.answer
+        pieces = adapter.label_pieces(trajectory.completion)
+        assert "".join(text for text, _ in pieces) == trajectory.completion
+        trained = "".join(text for text, written in pieces if written)
+        assert "<documents>" not in trained and "Doc 1(Title:" not in trained
+        assert trained.count("</evidence>") == len(queries) and trained.endswith("</answer>")

@@ -35,11 +35,12 @@ Choices where the paper leaves room or the engine contract constrains:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from prorag.protocol.base import Boundary, StepDict
-from prorag.protocol.escaping import unescape_retrieved
+from prorag.protocol.base import Boundary, StepDict, split_inserted
+from prorag.protocol.escaping import escape_retrieved, unescape_retrieved
 from prorag.protocol.markup import last_between
 
 QUERY_OPEN: Final = "<query>"
@@ -303,6 +304,25 @@ def check_format(text: str) -> tuple[int, int]:
     return 1, sum(item.action != "evidence" for item in trajectory.rounds)
 
 
+def render(steps: Sequence[StepDict], answer: str) -> str:
+    """A gold transcript in the engine's layout: each search step as a Reasoning round ending ``So the next query is
+    <query>q</query>``, the documents (``context``, unescaped, escaped here) and its conclusion as the evidence;
+    the conclusions of the non-search steps lead the next Reasoning round, the last one ending ``So the answer is
+    <answer>a</answer>``."""
+    text, carried = "", []
+    for step in steps:
+        if step["kind"] != "search":
+            carried += [part for part in (step["reasoning"], step["conclusion"]) if part]
+            continue
+        reasoning = " ".join([*carried, step["reasoning"] or ""]).strip()
+        carried = []
+        text += (f"{reasoning} " if reasoning else "") + f"{QUERY_PREFIX}{QUERY_OPEN}{step['query']}{QUERY_CLOSE}"
+        text += after_query(escape_retrieved(step["context"] or "")) + f"{step['conclusion']}{EVIDENCE_CLOSE}"
+        text += after_evidence()
+    reasoning = " ".join(carried).strip()
+    return text + (f"{reasoning} " if reasoning else "") + f"{ANSWER_PREFIX}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+
+
 def rounds(text: str) -> int:
     """Algorithm 1's rounds of a well-formed completion (queries + evidences + 1), -1 when it is malformed."""
     try:
@@ -379,3 +399,12 @@ class ReasonRAGAdapter:
 
     def extract_answer(self, completion: str) -> str | None:
         return extract_answer(completion)
+
+    def label_pieces(self, completion: str) -> list[tuple[str, bool]]:
+        """Engine-inserted: each documents block with the opened evidence span, and the new line after each
+        ``</evidence>``."""
+        return split_inserted(completion, self, (EVIDENCE_CLOSE, after_evidence()))
+
+    def render(self, steps: Sequence[StepDict], answer: str) -> str:
+        """A gold transcript from steps (``context`` unescaped) and the answer (:func:`render`)."""
+        return render(steps, answer)

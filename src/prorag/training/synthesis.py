@@ -46,7 +46,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
 from prorag.data.records import Passage, Question, normalize_text
@@ -485,7 +485,10 @@ def _realize(plan: _Plan, hits: Sequence[Sequence[Hit]], top_k: int, rng: random
     if not isinstance(adapter, GoldRenderer):
         raise ValueError(f"protocol {adapter.name!r} cannot render gold trajectories (its adapter has no render())")
     completion = adapter.render(steps, plan.answer)
-    if adapter.check_format(completion) != (1, len(steps)) or any(text not in completion for text in inserted_texts):
+    parsed = adapter.steps(completion) if adapter.check_format(completion)[0] == 1 else None
+    planned_queries = [step["query"] for step in steps if step["kind"] == "search"]
+    if (parsed is None or [step["query"] for step in parsed if step["kind"] == "search"] != planned_queries
+            or any(text not in completion for text in inserted_texts)):
         raise RuntimeError(f"synthesized trajectory of {plan.question.key!r} fails the {adapter.name} format check "
                            f"(a bug in prorag.training.synthesis):\n{completion}")
     n_search = sum(step["kind"] == "search" for step in steps)
@@ -602,24 +605,53 @@ def _single_search_plans(questions: Sequence[Question], retriever: Retriever | N
     return plans
 
 
+FIRST_HOP_DATASET: Final = "first_hop"
+"""``Question.dataset`` of a first sub-question asked on its own (:func:`first_hop_question`)."""
+
+
+def first_hop_question(question: Question) -> Question | None:
+    """The first sub-question of a MuSiQue-style decomposition (``metadata.question_decomposition``) as a
+    single-hop question of its own — same split and source, id ``<id>#hop1``, its sub-answer as the golden
+    answer — or None when it is not a question on its own (a ``>>`` relation, a ``#k`` placeholder) or lacks an
+    answer."""
+    decomposition = question.metadata.get("question_decomposition")
+    if not isinstance(decomposition, list) or not decomposition or not isinstance(decomposition[0], dict):
+        return None
+    text, answer = decomposition[0].get("question"), decomposition[0].get("answer")
+    if not isinstance(text, str) or not isinstance(answer, str) or not text.strip() or not answer.strip():
+        return None
+    if ">>" in text or _PLACEHOLDER.search(text):
+        return None
+    text = _tidy(normalize_text(text))
+    return replace(question, id=f"{question.id}#hop1", question=text if text.endswith("?") else f"{text}?",
+                   golden_answers=(normalize_text(answer),), dataset=FIRST_HOP_DATASET, metadata={},
+                   supporting_passage_ids=(), context_passage_ids=())
+
+
 def synthesize_trajectories(questions: Sequence[Question], retriever: Retriever | None, *, top_k: int = 3,
                             seed: int = 0, protocol: str | ProtocolAdapter, single_search: bool = False,
-                            ) -> tuple[list[SynthesizedTrajectory], dict[str, str]]:
+                            first_hops: bool = False) -> tuple[list[SynthesizedTrajectory], dict[str, str]]:
     """Trajectories of every question whose dataset has a synthesizer, with batched retriever calls.
 
     With ``single_search``, a question whose dataset has no decomposition synthesizer (NQ, TriviaQA, PopQA, ...)
     gets a one-search trajectory grounded in what the retriever returns for it (:func:`_plan_single_search`);
-    otherwise it is skipped. Each question draws its insertion positions from its own
+    otherwise it is skipped. With ``first_hops``, the first sub-question of every decomposed question is asked on
+    its own as well (:func:`first_hop_question`) and gets a one-search trajectory the same way: single-hop
+    examples from the same train split. Each question draws its insertion positions from its own
     ``random.Random(f"{seed}/{key}")``, so a result does not depend on which other questions are in the batch.
-    Returns the trajectories (in question order) and ``{question key: reason}`` for the questions that were skipped.
+    Returns the trajectories (in question order, each first hop after its question) and ``{question key: reason}``
+    for the questions that were skipped.
     """
+    if first_hops:
+        questions = [derived for question in questions
+                     for derived in (question, first_hop_question(question)) if derived is not None]
     skipped: dict[str, str] = {}
     decomposed: dict[str, _Plan] = {}
     single: list[Question] = []
     for question in questions:
         planner = PLANNERS.get(question.dataset)
         if planner is None:
-            if single_search:
+            if single_search or question.dataset == FIRST_HOP_DATASET:
                 single.append(question)
             else:
                 skipped[question.key] = f"no synthesizer for dataset {question.dataset!r}"

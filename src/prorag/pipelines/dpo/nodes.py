@@ -17,6 +17,18 @@ CURVE_KEYS: Final = ("loss", "learning_rate", "grad_norm", "rewards/chosen", "re
                      "rewards/accuracies", "logps/chosen", "logps/rejected")
 
 
+def train_dpo_from_adapter(pair_records: list[dict[str, Any]], params: DPOParams, policy: PolicySpec,
+                           init_adapter: str, launch: LaunchSettings = IN_PROCESS
+                           ) -> tuple[str, dict[str, float], list[dict[str, Any]]]:
+    """:func:`train_dpo` continuing ``init_adapter`` (the explorer's cold-start SFT adapter; the reference is its
+    frozen copy) instead of a new adapter."""
+    if params.trainer.init_adapter is not None:
+        raise ValueError("dpo.trainer.init_adapter is set, and recipe sft_mcts_dpo continues its cold-start SFT "
+                         "adapter: leave dpo.trainer.init_adapter null")
+    trainer = params.trainer.model_copy(update={"init_adapter": init_adapter})
+    return train_dpo(pair_records, params.model_copy(update={"trainer": trainer}), policy, launch)
+
+
 def train_dpo(pair_records: list[dict[str, Any]], params: DPOParams, policy: PolicySpec,
               launch: LaunchSettings = IN_PROCESS) -> tuple[str, dict[str, float], list[dict[str, Any]]]:
     """Train a LoRA adapter on the pairs; returns its folder (versioned by the catalog), a summary (``dpo.*`` in

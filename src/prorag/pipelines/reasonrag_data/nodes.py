@@ -70,6 +70,19 @@ def run_reasonrag_mcts(question_records: list[dict[str, Any]], index: RetrievalI
     return run_mcts(build_policy(explorer), retriever, questions, config, results, judge=judge)
 
 
+def run_reasonrag_mcts_from_adapter(question_records: list[dict[str, Any]], index: RetrievalIndex,
+                                    params: ReasonRAGDataParams, policy: PolicySpec, agent: TrainedAgentSpec,
+                                    explorer_adapter: str) -> list[dict[str, Any]]:
+    """:func:`run_reasonrag_mcts` with the shared policy plus ``explorer_adapter`` (the method's cold-start SFT
+    adapter, recipe ``sft_mcts_dpo``) as the explorer; a ``reasonrag_data.policy`` of its own is refused (it would
+    leave the cold start unused)."""
+    if params.policy is not None:
+        raise ValueError("reasonrag_data.policy names an explorer of its own, and recipe sft_mcts_dpo explores with "
+                         "its cold-start SFT adapter: use recipe mcts_dpo for a separate explorer")
+    return run_reasonrag_mcts(question_records, index, params,
+                              policy.model_copy(update={"adapter": explorer_adapter}), agent)
+
+
 def mcts_fingerprint(params: ReasonRAGDataParams, policy: PolicySpec, questions: list[Question],
                      index: RetrievalIndex) -> str:
     """A short hash of everything that shapes the trees: settings, explorer, retriever, judge, the questions (whole

@@ -16,5 +16,9 @@ class SftSynthesisParams(StrictModel):
     single_search: bool = True
     """Questions of datasets with no decomposition synthesizer get a one-search trajectory grounded in the retrieved
     passage that states the answer (skipped when none does); false: they are skipped."""
+    first_hops: bool = False
+    """Also ask the first sub-question of every decomposed (MuSiQue) question on its own, as a one-search example
+    grounded the same way: single-hop examples from the same train split (the evaluation mixes single-hop PopQA
+    with multi-hop questions)."""
     retriever: RetrieverSpec = RetrieverSpec()
     seed: Seed = 0

@@ -1,0 +1,121 @@
+"""Train every method of the ``methods`` map, then compare them: one command (``make train-all``).
+
+    python scripts/train_all.py                     # every method, then compare, on conf/base (+ conf/local)
+    python scripts/train_all.py --env cpu_long      # another env
+    python scripts/train_all.py --methods hiprag search_r1 --dry-run
+
+Each pipeline is its own ``kedro run`` (``train_<method>`` in dependency order: a recipe that continues the SFT
+adapter — ``rl_from_sft``, Search-R1 — after the recipe that trains it), so every run is tracked, versioned and
+resumable as usual, and ``compare`` then evaluates the adapters these runs saved (each arm's latest version). The
+runs cannot be one Kedro pipeline: the methods' recipes reuse the stage pipelines under the same dataset names.
+
+It stops at the first failing run, naming its log. Every run's output goes to
+``data/08_reporting/train_all/<started>/<pipeline>.log``; the wall time of each run goes to ``timings.md`` beside
+them, and the comparison table (``data/08_reporting/comparison.md``) is printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "data" / "08_reporting"
+SECOND_RECIPES = ("rl_from_sft",)
+"""Recipes that continue what another recipe trains (the latest ``sft_adapter``): they run after the others."""
+
+
+def plan(methods: Mapping[str, Mapping[str, Any]], only: Sequence[str] | None = None) -> list[str]:
+    """``train_<method>`` of every selected method, the recipes of :data:`SECOND_RECIPES` last, then ``compare``."""
+    names = list(methods)
+    if only:
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            raise SystemExit(f"--methods {' '.join(unknown)}: not in the methods map ({', '.join(names)})")
+        names = [name for name in names if name in only]
+    first = [name for name in names if methods[name].get("recipe") not in SECOND_RECIPES]
+    second = [name for name in names if methods[name].get("recipe") in SECOND_RECIPES]
+    return [f"train_{name}" for name in first + second] + ["compare"]
+
+
+def kedro_command(pipeline: str, env: str | None) -> list[str]:
+    """``kedro run`` of one pipeline in this interpreter (the project's virtualenv)."""
+    return [sys.executable, "-m", "kedro", "run", f"--pipelines={pipeline}", *(["--env", env] if env else [])]
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
+
+
+def run_all(pipelines: Sequence[str], command: Callable[[str], list[str]], log_dir: Path,
+            echo: Callable[[str], None] = print) -> list[tuple[str, float, int]]:
+    """Run each pipeline's command in order, its output to ``<log_dir>/<pipeline>.log``; stop at the first that
+    fails. Returns (pipeline, seconds, exit status) of every run made."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    results: list[tuple[str, float, int]] = []
+    started = time.monotonic()
+    for position, pipeline in enumerate(pipelines, start=1):
+        log = log_dir / f"{pipeline}.log"
+        shown = log.relative_to(ROOT) if log.is_relative_to(ROOT) else log
+        echo(f"[{position}/{len(pipelines)}] {pipeline} (log: {shown}; {_clock(time.monotonic() - started)} elapsed)")
+        begin = time.monotonic()
+        with log.open("w", encoding="utf-8") as output:
+            status = subprocess.run(command(pipeline), cwd=ROOT, stdout=output, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}, check=False).returncode
+        results.append((pipeline, time.monotonic() - begin, status))
+        echo(f"      {pipeline}: {'done' if status == 0 else f'FAILED (exit {status})'} in "
+             f"{_clock(results[-1][1])}")
+        if status != 0:
+            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            echo("\n".join(f"      | {line}" for line in tail))
+            break
+    return results
+
+
+def timings_table(results: Sequence[tuple[str, float, int]], total: float) -> str:
+    """The wall time of every run as Markdown."""
+    lines = ["| pipeline | wall time | status |", "|---|---:|---|"]
+    lines += [f"| {pipeline} | {_clock(seconds)} | {'ok' if status == 0 else f'failed ({status})'} |"
+              for pipeline, seconds, status in results]
+    return "\n".join([*lines, f"| **all** | **{_clock(total)}** | |"]) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default=None, help="the Kedro env of every run (default: local)")
+    parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods map (default: all)")
+    parser.add_argument("--dry-run", action="store_true", help="print the runs in order and stop")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    from prorag.pipeline_registry import configured_methods
+
+    pipelines = plan(configured_methods(ROOT), args.methods)
+    if args.dry_run:
+        print("\n".join(" ".join(kedro_command(pipeline, args.env)) for pipeline in pipelines))
+        return 0
+    log_dir = REPORTS / "train_all" / datetime.now(UTC).strftime("%Y-%m-%dT%H.%M.%SZ")
+    began = time.monotonic()
+    results = run_all(pipelines, lambda pipeline: kedro_command(pipeline, args.env), log_dir)
+    total = time.monotonic() - began
+    table = timings_table(results, total)
+    (log_dir / "timings.md").write_text(table, encoding="utf-8")
+    print(f"\n{table}\nlogs and timings: {log_dir.relative_to(ROOT)}")
+    if any(status != 0 for _, _, status in results):
+        return 1
+    comparison = sorted((REPORTS / "comparison.md").glob("*/comparison.md"))
+    if comparison:
+        print(f"\n{comparison[-1].relative_to(ROOT)}:\n{comparison[-1].read_text(encoding='utf-8')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
