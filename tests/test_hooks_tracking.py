@@ -176,6 +176,9 @@ def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
     assert trained.data.tags["prorag.policy"] == "sft" and trained.data.tags["prorag.adapter"] == "sft_adapter"
     assert trained.data.tags["prorag.method"] == "hiprag_agent_sft" and trained.data.tags["prorag.stage"] == "sft"
     assert trained.data.params["policy.model"] == BUNDLED_TINY_LLAMA
+    # the policy params of a method run are the policy that ran: the trained one names its adapter, not null
+    assert trained.data.params["policy.adapter"].endswith("sft_adapter")
+    assert base.data.params["policy.adapter"] == "null"
     assert (base.data.metrics["evaluation.all.cem"], trained.data.metrics["evaluation.all.cem"]) == (0.5, 0.75)
     assert trained.data.metrics["judge.by_dataset.popqa.osr"] == 1.0 and trained.data.metrics["judge.reward"] == 0.75
 

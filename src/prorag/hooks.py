@@ -56,6 +56,7 @@ from prorag.tracking.runs import (
     dataset_input,
     is_peft_adapter,
     is_rollout_records,
+    recorded_policy,
     records_digest,
     rollout_policy,
     split_method_metrics,
@@ -536,7 +537,10 @@ class MlflowTrackingHook:
                 tags[STAGE_TAG] = _stage_of(node)
             self._method_runs[method] = run_id = self._child_run(f"{method} ({policy})", tags)
             if node is not None:
-                self._log_params(run_id, _used_parameters([node], self._parameters, with_tracking=False))
+                used = _used_parameters([node], self._parameters, with_tracking=False)
+                if isinstance(used.get("policy"), dict):  # the policy this method ran, not the node's base policy
+                    used["policy"] = {**used["policy"], **recorded_policy(record)}
+                self._log_params(run_id, used)
         return self._method_runs[method]
 
     def _log_metrics(self, stage_run: str, name: str, data: Any) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.data import Question, load_questions, question_text_key
-from prorag.pipeline_registry import register_pipelines
+from prorag.pipeline_registry import configured_methods, register_pipelines
 from prorag.pipelines.compare.nodes import select_compare_questions
 from prorag.pipelines.compare.params import CompareParams
 from prorag.pipelines.parameter_schemas import all_parameter_schemas
@@ -31,8 +31,9 @@ from prorag.settings import CONFIG_LOADER_ARGS
 from prorag.specs import TrainedAgentSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAIN_PIPELINES = ("train", "train_sft", "train_rl", "train_rl_instruct", "train_search_r1", "train_tearag",
-                   "train_reasonrag")
+TRAIN_PIPELINES = ("train", "train_sft", "train_rl", "train_rl_instruct",
+                   *(f"train_{name}" for name in configured_methods()))
+"""Every pipeline that trains: the fixed ones and one per ``methods`` entry (a new entry is covered as it comes)."""
 TRAINER_SELECTIONS = {"sft_synthesis.synthesize_sft_data", "rl.select_rl_questions", "search_r1.rl.select_rl_questions",
                       "reasonrag_data.select_reasonrag_questions", "tearag.build_tearag_sft_data",
                       "tearag.run_ip_dpo_rounds"}

@@ -277,6 +277,41 @@ def test_build_at_scale_saves_loads_mmapped_and_matches_the_in_memory_build(hotp
         assert memory.retriever(kind).search(queries, 10) == loaded.retriever(kind).search(queries, 10)
 
 
+def test_a_failure_after_the_faiss_index_is_built_does_not_lose_it(hotpot_passages, tmp_path, monkeypatch):
+    """BM25 over the corpus (or the save) failing after an IVF index is trained: the rerun reads the built index back
+    from work_dir/built instead of training it again; the save then removes it with the shards."""
+    import prorag.retrieval.index as index_module
+
+    passages = hotpot_passages[:400]
+    embedder = HashingEmbedder(32, show_progress=False)
+
+    def build(**options):
+        return build_retrieval_index_at_scale(((str(i), p) for i, p in enumerate(passages)), tmp_path / "work",
+                                              embedder=embedder, shard_size=64, index_type="ivf", nlist=4,
+                                              source={"test": 2}, **options)
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("BM25 over the corpus")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(index_module.BM25Retriever, "build", out_of_memory)
+        with pytest.raises(MemoryError):
+            build()
+    assert (tmp_path / "work" / "built" / "faiss.index").is_file()
+    trained = []
+    original = index_module.DenseIndexBuilder.finish
+    monkeypatch.setattr(index_module.DenseIndexBuilder, "finish", lambda self: trained.append(1) or original(self))
+    resumed = build()
+    assert trained == []  # read back, not trained again
+    assert resumed.faiss_index.ntotal == len(passages)
+    other = build_retrieval_index_at_scale(((str(i), p) for i, p in enumerate(passages)), tmp_path / "work",
+                                           embedder=embedder, shard_size=64, index_type="ivf", nlist=8,
+                                           source={"test": 2})
+    assert trained == [1] and faiss.extract_index_ivf(other.faiss_index).nlist == 8  # other settings: built anew
+    other.save(tmp_path / "index")
+    assert not (tmp_path / "work" / "built").exists() and not (tmp_path / "work" / "embeddings").exists()
+
+
 def test_prebuilt_flat_index_and_corpus_used_as_they_are(tmp_path):
     corpus = tmp_path / "wiki-18.jsonl"
     lines = [{"id": str(i), "contents": f'"Title {i}"\nbody number {i} about topic {i % 7}'} for i in range(120)]

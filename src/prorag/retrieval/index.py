@@ -387,8 +387,10 @@ def build_retrieval_index_at_scale(
     3. *embed*: shards of ``shard_size`` passages go to ``work_dir/embeddings/`` (:func:`prorag.retrieval.sharded.
        embed_store`): kill the run and start it again, finished shards are not recomputed; ``devices`` (e.g.
        ``["cuda:0", "cuda:1"]``) embed in one process each; ``fp16`` halves the model and the shards;
-    4. *index*: the FAISS index is built from the shard files (``use_gpu``/``gpus`` for IVF training), and BM25 over
-       the store. The shards stay until the index is saved (:func:`save_index_dir` deletes ``work_dir/embeddings``).
+    4. *index*: the FAISS index is built from the shard files (``use_gpu``/``gpus`` for IVF training) and written to
+       ``work_dir/built`` at once (a failure after it — BM25 over the store, the save — does not lose it: the rerun
+       reads it back), then BM25 over the store. The shards and the built index stay until the index is saved
+       (:func:`save_index_dir` deletes ``work_dir/embeddings`` and ``work_dir/built``).
     """
     from prorag.retrieval.sharded import embed_store, finished_shards
     from prorag.retrieval.sizing import check_index_cost, estimate_index_cost
@@ -433,10 +435,9 @@ def build_retrieval_index_at_scale(
     paths = embed_store(store, embeddings_dir, embedder=embedder, spec=embedder_spec,
                         embedder_options={key: value for key, value in options.items() if key != "show_progress"},
                         devices=devices, shard_size=shard_size, dtype=dtype, described=described)
-    builder = DenseIndexBuilder(dim, config)
-    for path in paths:
-        builder.add_file(path)
-    faiss_index = builder.finish()
+    faiss_index = _built_faiss_index(root / BUILT_DIR, paths, dim, config,
+                                     {"config": config.to_dict(), "count": len(store), "dim": dim,
+                                      "embedder": described, "shard_dtype": dtype, "shard_size": shard_size})
     bm25 = BM25Retriever.build(store, stopwords=bm25_stopwords) if build_bm25 else None
     faiss_info: dict[str, Any] = {**config.to_dict(), "description": _describe_faiss(faiss_index),
                                   "estimate": cost.to_dict(), "shard_dtype": dtype}
@@ -450,6 +451,33 @@ def build_retrieval_index_at_scale(
     logger.info("built %s index over %d passages (%s)", index_type, len(store), faiss_info["description"])
     return RetrievalIndex(meta, store, faiss_index, bm25, embedder, use_gpu=use_gpu, device=device, threads=threads,
                           gpus=gpus, build_dir=root)
+
+
+BUILT_DIR = "built"
+"""Under a resumable build's ``work_dir``: the FAISS index as soon as it is built, kept until the index is saved."""
+
+
+def _built_faiss_index(folder: Path, shard_paths: Sequence[Path], dim: int, config: DenseIndexConfig,
+                       recorded: dict[str, Any]) -> faiss.Index:
+    """The FAISS index of the shards: the one a previous run of the same build left in ``folder``, or built now and
+    written there before anything else can fail (BM25 over the corpus, the save), so a rerun does not train it
+    again."""
+    marker, path = folder / "built.json", folder / FAISS_FILE
+    expected = json.loads(json.dumps(recorded, default=str))
+    if marker.is_file() and path.is_file() and json.loads(marker.read_text(encoding="utf-8")) == expected:
+        logger.info("reusing the FAISS index a previous run built in %s", path)
+        return faiss.read_index(str(path))
+    builder = DenseIndexBuilder(dim, config)
+    for shard in shard_paths:
+        builder.add_file(shard)
+    faiss_index = builder.finish()
+    folder.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+    temporary = folder / f".{FAISS_FILE}.tmp-{os.getpid()}"
+    faiss.write_index(faiss_index, str(temporary))
+    temporary.replace(path)
+    marker.write_text(json.dumps(expected, indent=2) + "\n", encoding="utf-8")
+    return faiss_index
 
 
 def import_prebuilt_index(
@@ -564,7 +592,9 @@ def save_index_dir(path: str | os.PathLike[str], index: RetrievalIndex, *, overw
         raise
     if index.build_dir is not None and (index.build_dir / "embeddings").is_dir():
         shutil.rmtree(index.build_dir / "embeddings", ignore_errors=True)  # the index is saved: shards may go
-        logger.info("index saved to %s; removed the embedding shards under %s", target, index.build_dir)
+        shutil.rmtree(index.build_dir / BUILT_DIR, ignore_errors=True)
+        logger.info("index saved to %s; removed the embedding shards and the built FAISS index under %s", target,
+                    index.build_dir)
     return target
 
 

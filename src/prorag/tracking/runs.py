@@ -83,6 +83,12 @@ def is_rollout_records(data: Any) -> bool:
             and data[0].keys() >= _ROLLOUT_FIELDS)
 
 
+def recorded_policy(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``model`` and ``adapter`` a rollout record says produced it (empty for a record without one)."""
+    recorded = (record.get("metadata") or {}).get(POLICY_METADATA_KEY) or {}
+    return {key: recorded[key] for key in ("model", "adapter") if key in recorded}
+
+
 def rollout_policy(record: Mapping[str, Any], adapter_names: Mapping[str, str]) -> tuple[str, str | None, str | None]:
     """``(policy, adapter dataset, base model)`` of a rollout record from the policy it recorded.
 
