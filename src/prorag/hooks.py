@@ -270,6 +270,8 @@ class MlflowTrackingHook:
 
     def __init__(self) -> None:
         self._run_active = False
+        self.run_hint: str | None = None
+        """How to open the last finished run (its URL in the training view), for the result screen."""
         self._settings = TrackingParams()
         self._catalog: DataCatalog | None = None
         self._exit_handler_installed = False
@@ -493,10 +495,10 @@ class MlflowTrackingHook:
             mlflow.end_run(status=status)
         else:
             self._client.set_terminated(self._parent_id, status=status)
+        self.run_hint = ui_hint(self._tracking_uri, self._experiment_id, self._parent_id,
+                                project_path=getattr(self, "_project_path", None))
         logger.info("MLflow run %s %s (%d stage and %d method runs); open it with: %s", self._parent_id,
-                    status.lower(), len(self._stage_runs), len(self._method_runs),
-                    ui_hint(self._tracking_uri, self._experiment_id, self._parent_id,
-                            project_path=getattr(self, "_project_path", None)))
+                    status.lower(), len(self._stage_runs), len(self._method_runs), self.run_hint)
 
     def _safely(self, what: str, function: Callable[..., Any], *args: Any) -> None:
         """Tracking extras (traces, models, inputs) never fail a pipeline: an error is a warning."""
@@ -706,7 +708,8 @@ class ResultScreenHook:
     interval, format, retrievals, tokens, the paired Δ against standard RAG) are printed after everything else,
     with where the files are and how to open MLflow and kedro-viz."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracking: MlflowTrackingHook | None = None) -> None:
+        self._tracking = tracking
         self._catalog: DataCatalog | None = None
         self._summaries: list[tuple[str, str, Path | None]] = []
 
@@ -727,9 +730,10 @@ class ResultScreenHook:
         lines = [""]
         for name, text, path in self._summaries:
             lines += [f"{name}{f' ({path})' if path else ''}:", text]
+        hint = self._tracking.run_hint if self._tracking is not None else None
         lines += ["Tables and reports: data/08_reporting/ (evaluation.csv, node_timing.md, ...)",
-                  "Runs, curves and traces: make mlflow-ui (http://127.0.0.1:5000); pipelines: make viz "
-                  "(http://127.0.0.1:4141)", ""]
+                  f"This run in MLflow: {hint}" if hint else "Runs, curves and traces: make mlflow-ui "
+                  "(http://127.0.0.1:5000)", "Pipelines: make viz (http://127.0.0.1:4141)", ""]
         sys.stdout.write("\n".join(lines))
         sys.stdout.flush()
 

@@ -15,8 +15,9 @@ install_log_redaction()
 # pluggy calls hooks last-registered first: RunVersionHook pins (or refuses) the inputs before an MLflow run opens;
 # GpuPreflightHook before ParameterValidationHook: both run first (tryfirst), the later-registered first;
 # ResultScreenHook prints the run's result after every other hook has ended.
-HOOKS = (ResultScreenHook(), GpuPreflightHook(), ParameterValidationHook(), MlflowTrackingHook(), RunVersionHook(),
-         NodeTimingHook())
+_TRACKING = MlflowTrackingHook()
+HOOKS = (ResultScreenHook(tracking=_TRACKING), GpuPreflightHook(), ParameterValidationHook(), _TRACKING,
+         RunVersionHook(), NodeTimingHook())
 
 # Parameters are soft-merged: an env file (conf/gpu, conf/local) overrides the keys it names and keeps the rest
 # of conf/base (Kedro's default, "destructive", would replace each top-level namespace wholesale).

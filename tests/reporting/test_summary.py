@@ -7,7 +7,7 @@ import math
 import pytest
 
 from prorag.agent.trajectory import Rollout
-from prorag.hooks import ResultScreenHook
+from prorag.hooks import MlflowTrackingHook, ResultScreenHook
 from prorag.reporting.summary import render_summary, result_summary
 
 
@@ -38,6 +38,14 @@ def test_the_summary_pairs_every_method_with_standard_rag():
     assert "| standard_rag | 10 | 0.300 [" in text and text.count("\n") == 4
 
 
+def test_baselines_have_no_step_format_to_report():
+    rag = [_rollout("standard_rag", f"q{index}", "Paris", retrievals=1) for index in range(4)]
+    rag = [Rollout.from_dict({**rollout.to_dict(), "protocol": "short_answer", "format_ok": False}) for rollout in rag]
+    table = result_summary(rag).set_index("method")
+    assert math.isnan(table.loc["standard_rag", "format_rate"])
+    assert "| standard_rag | 4 | 1.000 [1.000, 1.000] | – |" in render_summary(table.reset_index())
+
+
 def test_the_run_ends_on_the_summaries_it_saved(capsys):
     hook = ResultScreenHook()
     hook.before_pipeline_run(catalog=None)  # type: ignore[arg-type]
@@ -47,6 +55,14 @@ def test_the_run_ends_on_the_summaries_it_saved(capsys):
     out = capsys.readouterr().out
     assert out.rstrip().endswith("make viz (http://127.0.0.1:4141)")
     assert "evaluation_summary:\n| method | n |" in out and "data/08_reporting/" in out
+    assert "make mlflow-ui (http://127.0.0.1:5000)" in out  # no tracking hook: where the runs are
+    tracking = MlflowTrackingHook()
+    tracking.run_hint = "make mlflow-ui   (then http://127.0.0.1:5000/#/experiments/1/runs/abc?workflowType=x)"
+    linked = ResultScreenHook(tracking=tracking)
+    linked.before_pipeline_run(catalog=None)  # type: ignore[arg-type]
+    linked.after_dataset_saved("evaluation_summary", "| method | n |\n")
+    linked.after_pipeline_run()
+    assert f"This run in MLflow: {tracking.run_hint}" in capsys.readouterr().out
     quiet = ResultScreenHook()
     quiet.before_pipeline_run(catalog=None)  # type: ignore[arg-type]
     quiet.after_pipeline_run()

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from prorag.agent.baselines import PROTOCOL as SHORT_ANSWER
 from prorag.agent.trajectory import Rollout
 from prorag.metrics.compare import paired_test, question_scores
 from prorag.metrics.qa import bootstrap_interval
@@ -32,8 +33,10 @@ def result_summary(rollouts: Sequence[Rollout], *, reference: str = "standard_ra
         summary = summarize_rollouts(items)
         cem = by_method[method]["cem"].to_numpy()
         low, high = bootstrap_interval(cem, resamples=resamples, seed=seed)
+        stepwise = any(rollout.protocol != SHORT_ANSWER for rollout in items)  # baselines have no step format
         row = {"method": method, "n": len(cem), "cem": float(cem.mean()) if len(cem) else math.nan,
-               "cem_low": low, "cem_high": high, "format_rate": summary.get("format_rate", math.nan),
+               "cem_low": low, "cem_high": high,
+               "format_rate": summary.get("format_rate", math.nan) if stepwise else math.nan,
                "avg_retrieval_count": summary.get("avg_retrieval_count", math.nan),
                "avg_generated_tokens": summary.get("avg_generated_tokens", math.nan)}
         if reference in by_method and method != reference:
