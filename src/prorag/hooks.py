@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import mlflow
 from kedro.config import MissingConfigException
@@ -703,6 +703,10 @@ def _param_value(value: Any) -> str:
     return text if len(text) <= _MLFLOW_PARAM_VALUE_LIMIT else text[: _MLFLOW_PARAM_VALUE_LIMIT - 3] + "..."
 
 
+SMOKE_STEPS: Final = 50
+"""Fewer optimizer steps than this in every trainer of a run, and the result screen calls the run a smoke run."""
+
+
 class ResultScreenHook:
     """The run ends on its result: the evaluation summaries it saved (``*evaluation_summary``: CEM with its
     interval, format, retrievals, tokens, the paired Δ against standard RAG) are printed after everything else,
@@ -712,13 +716,19 @@ class ResultScreenHook:
         self._tracking = tracking
         self._catalog: DataCatalog | None = None
         self._summaries: list[tuple[str, str, Path | None]] = []
+        self._trained: list[tuple[str, int]] = []
+        """(stage, optimizer steps) of every trainer whose log this run saved."""
 
     @hook_impl
     def before_pipeline_run(self, catalog: DataCatalog) -> None:
-        self._catalog, self._summaries = catalog, []
+        self._catalog, self._summaries, self._trained = catalog, [], []
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str, data: Any) -> None:
+        if dataset_name.endswith(("training_log", "sft_metrics")) and isinstance(data, list):
+            steps = [int(entry["step"]) for entry in data if isinstance(entry, dict) and "step" in entry]
+            self._trained.append((dataset_name.removesuffix("_training_log").removesuffix("_metrics"),
+                                  max(steps, default=0)))
         if dataset_name.endswith("evaluation_summary") and isinstance(data, str):
             located = _local_path(self._catalog, dataset_name, saved=True)
             self._summaries.append((dataset_name, data, None if located is None else located[1]))
@@ -730,6 +740,13 @@ class ResultScreenHook:
         lines = [""]
         for name, text, path in self._summaries:
             lines += [f"{name}{f' ({path})' if path else ''}:", text]
+        if self._trained:
+            trained = ", ".join(f"{stage} {steps} step{'s' if steps != 1 else ''}" for stage, steps in self._trained)
+            short = max(steps for _, steps in self._trained) < SMOKE_STEPS
+            lines.append(f"Trained in this run: {trained}." + (
+                f" Under {SMOKE_STEPS} optimizer steps this is a smoke run of the pipeline (the papers train for "
+                "hundreds): the table shows what these steps produced, not what the method can do." if short
+                else ""))
         hint = self._tracking.run_hint if self._tracking is not None else None
         lines += ["Tables and reports: data/08_reporting/ (evaluation.csv, node_timing.md, ...)",
                   f"This run in MLflow: {hint}" if hint else "Runs, curves and traces: make mlflow-ui "

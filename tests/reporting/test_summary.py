@@ -67,3 +67,20 @@ def test_the_run_ends_on_the_summaries_it_saved(capsys):
     quiet.before_pipeline_run(catalog=None)  # type: ignore[arg-type]
     quiet.after_pipeline_run()
     assert capsys.readouterr().out == ""  # a run that evaluated nothing prints nothing
+
+
+def test_a_short_training_run_is_called_a_smoke_run(capsys):
+    hook = ResultScreenHook()
+    hook.before_pipeline_run(catalog=None)  # type: ignore[arg-type]
+    hook.after_dataset_saved("sft_metrics", [{"step": 1, "loss": 2.0}, {"step": 4, "loss": 1.0}])
+    hook.after_dataset_saved("rl_training_log", [{"step": 1}, {"step": 2}])
+    hook.after_dataset_saved("evaluation_summary", "| method | n |\n")
+    hook.after_pipeline_run()
+    out = capsys.readouterr().out
+    assert "Trained in this run: sft 4 steps, rl 2 steps. Under 50 optimizer steps this is a smoke run" in out
+    hook.before_pipeline_run(catalog=None)  # type: ignore[arg-type]
+    hook.after_dataset_saved("search_r1_training_log", [{"step": step} for step in range(1, 401)])
+    hook.after_dataset_saved("evaluation_summary", "| method | n |\n")
+    hook.after_pipeline_run()
+    out = capsys.readouterr().out
+    assert "Trained in this run: search_r1 400 steps." in out and "smoke" not in out
