@@ -149,16 +149,8 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
     output.mkdir(parents=True, exist_ok=True)
     ensure_one_device(config.use_cpu, what="DPO")
     device = "cpu" if config.use_cpu else "cuda"
-    model, tokenizer = load_causal_lm(model_spec, dtype=config.dtype, device=device)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    peft_config = None
-    if config.init_adapter:
-        model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
-    else:
-        peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                                 target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM")
     loss_type, loss_weights = config.loss()
+    # the config before the model: under ZeRO-3 the weights are then partitioned as they load
     args = DPOConfig(**{"report_to": [], **config.trainer_args}, **dict(
         output_dir=str(output / CHECKPOINTS), use_cpu=config.use_cpu,
         bf16=config.dtype == "bfloat16" and not config.use_cpu, fp16=False,
@@ -172,6 +164,15 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
         max_length=config.max_length, activation_checkpointing=config.gradient_checkpointing,
         precompute_ref_log_probs=config.precompute_ref_log_probs,
     ))  # trainer_args is validated: it sets no field named here (report_to may be overridden)
+    model, tokenizer = load_causal_lm(model_spec, dtype=config.dtype, device=device)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    peft_config = None
+    if config.init_adapter:
+        model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
+    else:
+        peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                                 target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM")
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list([dict(row) for row in rows]),
                          processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
     if not config.append_eos:

@@ -104,8 +104,7 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     ensure_one_device(settings.use_cpu, what="SFT")
-    model, tokenizer = load_causal_lm(model_spec, dtype=settings.dtype, device="cpu")
-    config = SFTConfig(**{
+    config = SFTConfig(**{  # before the model: under ZeRO-3 the weights are then partitioned as they load
         **settings.model_dump(include=set(SFT_TRL_NAMES)),
         "output_dir": str(output / CHECKPOINTS),
         "report_to": [],
@@ -118,6 +117,7 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
         "assistant_only_loss": False,
         **settings.trainer_args,  # validated: no field set above but report_to
     })
+    model, tokenizer = load_causal_lm(model_spec, dtype=settings.dtype, device="cpu")
     peft_config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
                              target_modules=list(settings.target_modules), bias="none", task_type="CAUSAL_LM")
     trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows),

@@ -304,6 +304,30 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
     from prorag.llm.registry import load_causal_lm
 
     ensure_one_device(settings.use_cpu, what="GRPO")
+    server = rollout_function.policy_server
+    if server is not None and not is_vllm_available():
+        raise ImportError(f"a policy server ({server.base_url}) needs vllm installed (the GPU lock: make gpu-setup): "
+                          "TRL pushes the trained weights to it through vLLM's client before every generation batch")
+    vllm = ({"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": server.root}
+            if server is not None else {})
+    # The config before the model: under accelerate launch with ZeRO-3, creating it registers DeepSpeed's config
+    # (zero3_init_flag), so from_pretrained then partitions the weights as it loads them instead of every rank
+    # materialising the whole model in host memory first.
+    config = GRPOConfig(**{
+        **vllm,
+        **settings.model_dump(include=set(GRPO_TRL_NAMES)),
+        "output_dir": str(checkpoint_dir),
+        "report_to": [],
+        "bf16": settings.dtype == "bfloat16" and (full_parameters or not settings.use_cpu),
+        "fp16": False,
+        "mask_truncated_completions": False,  # agent completions end with </answer>, not EOS
+        "data_seed": settings.seed,
+        "save_strategy": "steps",
+        "activation_checkpointing": settings.gradient_checkpointing,
+        "remove_unused_columns": False,
+        "shuffle_dataset": True,
+        **settings.trainer_args,  # validated: no field set above but report_to
+    })
     # Full-parameter training keeps fp32 master weights (and fp32 AdamW states) and computes in bf16 under
     # autocast (mixed precision, as verl / DeepSpeed bf16 / FSDP do): an update of ~lr = 1e-6 is below half a
     # bf16 ulp of a typical weight, so pure-bf16 weights would barely move. LoRA keeps the frozen base in
@@ -321,27 +345,6 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
         lora = settings.lora
         peft_config = LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
                                  target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
-    server = rollout_function.policy_server
-    if server is not None and not is_vllm_available():
-        raise ImportError(f"a policy server ({server.base_url}) needs vllm installed (the GPU lock: make gpu-setup): "
-                          "TRL pushes the trained weights to it through vLLM's client before every generation batch")
-    vllm = ({"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": server.root}
-            if server is not None else {})
-    config = GRPOConfig(**{
-        **vllm,
-        **settings.model_dump(include=set(GRPO_TRL_NAMES)),
-        "output_dir": str(checkpoint_dir),
-        "report_to": [],
-        "bf16": settings.dtype == "bfloat16" and (full_parameters or not settings.use_cpu),
-        "fp16": False,
-        "mask_truncated_completions": False,  # agent completions end with </answer>, not EOS
-        "data_seed": settings.seed,
-        "save_strategy": "steps",
-        "activation_checkpointing": settings.gradient_checkpointing,
-        "remove_unused_columns": False,
-        "shuffle_dataset": True,
-        **settings.trainer_args,  # validated: no field set above but report_to
-    })
     # rollout_func is flagged experimental by TRL; the pinned TRL version is the one this module is tested with.
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     return AgentGRPOTrainer(
