@@ -286,3 +286,30 @@ def test_every_endpoint_of_every_env_pairs_its_key(env):
     for path, url, variable in endpoints:
         with contextlib.suppress(MissingApiKeyError):  # a named variable for its own server: set at run time
             api_key_from_env(variable, endpoint=path, base_url=url)
+
+
+TRAINER_DTYPES = ("sft.dtype", "rl.trainer.dtype", "dpo.trainer.dtype", "tearag.sft.dtype",
+                  "tearag.ip_dpo.trainer.dtype")
+
+
+def _at(tree: object, dotted: str) -> object:
+    """The value at a dotted path, or None where the path does not exist."""
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+@pytest.mark.parametrize("env", sorted(ENVS))
+def test_every_trainer_trains_in_the_policy_dtype(env):
+    """The trainers' dtype is written per block (Kedro resolves ``${policy.dtype}`` within each env before the envs
+    merge, so an interpolation in conf/base would keep base's float32 under --env gpu): this test is what keeps the
+    copies in agreement with ``policy.dtype``, in every env and in every method's stages."""
+    parameters = ENVS[env]()
+    blocks = {"": parameters} | {f"methods.{name}.stages.": method.get("stages") or {}
+                                 for name, method in parameters["methods"].items()}
+    found = {prefix + path: _at(block, path) for prefix, block in blocks.items() for path in TRAINER_DTYPES}
+    found = {path: value for path, value in found.items() if value is not None}
+    wrong = {path: value for path, value in found.items() if value != parameters["policy"]["dtype"]}
+    assert found and not wrong, (env, parameters["policy"]["dtype"], wrong)
