@@ -133,3 +133,60 @@ def test_a_killed_run_is_marked_killed_in_mlflow_and_its_manifest(tmp_path, mlfl
     (killed,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
     assert killed.info.status == "KILLED" and killed.data.tags["kedro.session_id"] == A
     assert manifest(tmp_path, A)["status"] == "killed"
+
+
+def test_compare_s_adapter_bundle_takes_completed_runs_and_load_versions(tmp_path):
+    """``trained_artifacts`` (a LatestVersionsDataset) is pinned entry by entry as plain inputs are: the newest
+    version from a completed run, or ``--load-versions``; an entry whose versions all come from failed runs loads
+    as missing with the reason (compare lists the arm as skipped), never as the failed run's adapter."""
+    from prorag.datasets import LatestVersionsDataset
+
+    def entry(name: str) -> dict:
+        return {"type": "prorag.datasets.JSONLinesDataset", "filepath": str(tmp_path / "data" / f"{name}.jsonl"),
+                "made_by": f"train_{name}"}
+
+    def catalog(run_id: str) -> DataCatalog:
+        base = catalog_for(tmp_path, run_id)
+        for name in ("sft_adapter", "dpo_adapter", "rl_adapter"):
+            base[name] = JSONLinesDataset(filepath=str(tmp_path / "data" / f"{name}.jsonl"),
+                                          version=Version(None, run_id))
+        base["trained_artifacts"] = LatestVersionsDataset(datasets={
+            name: entry(name) for name in ("sft_adapter", "dpo_adapter", "rl_adapter", "tearag_adapter")})
+        return base
+
+    def train(run_id: str, name: str, fail: bool = False) -> None:
+        data = catalog(run_id)
+        hook = RunVersionHook()
+        hook.after_catalog_created(data)
+        hook.before_pipeline_run({"run_id": run_id, "project_path": str(tmp_path), "pipeline_names": ["t"]},
+                                 Pipeline([node(lambda: None, None, name, name="train")]), data)
+        data.save(name, [{"adapter": run_id}])
+        hook.after_dataset_saved(name)
+        hook.on_pipeline_error() if fail else hook.after_pipeline_run()
+
+    train(A, "sft_adapter")
+    train(B, "sft_adapter", fail=True)  # newer, from a run that failed
+    train(C, "dpo_adapter", fail=True)  # its only version is from a failed run
+    train(D, "rl_adapter")
+    train(E, "rl_adapter")
+    compare = Pipeline([node(lambda artifacts: None, "trained_artifacts", "judged", name="compare")])
+
+    def compare_run(run_id: str, load_versions: dict[str, str] | None = None) -> dict:
+        data = catalog(run_id)
+        hook = RunVersionHook()
+        hook.after_catalog_created(data)
+        hook.before_pipeline_run({"run_id": run_id, "project_path": str(tmp_path), "pipeline_names": ["compare"],
+                                  "load_versions": load_versions or {}}, compare, data)
+        loaded = data.load("trained_artifacts")
+        hook.after_pipeline_run()
+        return loaded
+
+    loaded = compare_run(F)
+    assert loaded["sft_adapter"]["data"] == [{"adapter": A}] and loaded["sft_adapter"]["version"] == A
+    assert loaded["rl_adapter"]["version"] == E
+    assert loaded["dpo_adapter"]["data"] is None and "no stored version comes from a completed run" in \
+        loaded["dpo_adapter"]["reason"] and f"{C} (failed)" in loaded["dpo_adapter"]["reason"]
+    assert loaded["tearag_adapter"] == {"data": None, "version": None, "made_by": "train_tearag_adapter"}
+    assert manifest(tmp_path, F)["loaded"] == {"sft_adapter": A, "rl_adapter": E}
+    pinned = compare_run("2026-01-07T00.00.00.000Z", {"rl_adapter": D, "dpo_adapter": C})
+    assert pinned["rl_adapter"]["version"] == D and pinned["dpo_adapter"]["data"] == [{"adapter": C}]

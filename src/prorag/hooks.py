@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, Literal
 
@@ -188,6 +188,7 @@ class RunVersionHook:
             dataset = versioned[name]
             if dataset._version.load != version and available[name][:1] != [version]:
                 catalog[name] = dataset._copy(_version=Version(version, dataset._version.save))
+        chosen = {**chosen, **_pin_bundles(catalog, pipeline.inputs(), manifests, pins)}
         self._manifest = RunManifest(run_id=run_params["run_id"], pipelines=run_params.get("pipeline_names")
                                      or ["__default__"], loaded=chosen)
         manifests.write(self._manifest)
@@ -221,6 +222,43 @@ class RunVersionHook:
         self._manifest.finished_at = time.time()
         self._manifests.write(self._manifest)
         self._manifest = None
+
+
+def _pin_bundles(catalog: DataCatalog, inputs: Iterable[str], manifests: RunManifests,
+                 pins: Mapping[str, str]) -> dict[str, str]:
+    """Pin every entry of the :class:`~prorag.datasets.LatestVersionsDataset` inputs (compare's
+    ``trained_artifacts``) as plain inputs are pinned: ``--load-versions`` first, else the newest version saved by a
+    completed run; an entry whose stored versions all come from runs that did not complete loads as missing, with
+    the reason (compare lists its arm as skipped). Each entry is its own arm, so their lineages are not compared.
+    Returns the chosen ``{entry: version}``."""
+    from prorag.datasets import LatestVersionsDataset
+
+    chosen: dict[str, str] = {}
+    for name in sorted(inputs):
+        bundle = catalog.get(name) if name in catalog else None
+        if not isinstance(bundle, LatestVersionsDataset):
+            continue
+        versions: dict[str, str | None] = {}
+        reasons: dict[str, str] = {}
+        for entry in bundle.names:
+            stored = bundle.versions(entry)
+            usable = pins.get(entry) or next((version for version in stored if manifests.usable(version)), None)
+            if usable is None and stored:
+                statuses = ", ".join(f"{version} ({_run_status(manifests, version)})" for version in stored[:3])
+                reasons[entry] = (f"no stored version comes from a completed run ({statuses}); re-run its pipeline, "
+                                  f"or choose one with --load-versions={entry}:<version>")
+                logger.warning("%s.%s: %s", name, entry, reasons[entry])
+            if stored or entry in pins:
+                versions[entry] = usable
+            if usable is not None:
+                chosen[entry] = usable
+        catalog[name] = bundle.pinned(versions, reasons)
+    return chosen
+
+
+def _run_status(manifests: RunManifests, version: str) -> str:
+    manifest = manifests.read(version)
+    return "no manifest" if manifest is None else manifest.status
 
 
 def _registered_pipeline_shapes() -> list[PipelineShape]:

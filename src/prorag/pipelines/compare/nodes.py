@@ -135,6 +135,8 @@ def _missing_artifact(arm: CompareArm, artifacts: dict[str, dict[str, Any]], par
             raise ValueError(f"compare arm {arm.name!r} names {name!r}, not an entry of the trained_artifacts "
                              f"dataset ({', '.join(sorted(artifacts))}); add it in conf/base/catalog.yml")
         if artifacts[name]["data"] is None:
+            if artifacts[name].get("reason"):
+                return f"{name}: {artifacts[name]['reason']}"
             made_by = artifacts[name].get("made_by")
             hint = f": run `kedro run --pipelines={made_by}` first" if made_by else ""
             return f"{name} has no version yet{hint}"
