@@ -205,3 +205,19 @@ def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
     assert isinstance(text, str) and text
     generator = model.unwrap_python_model().generator
     assert generator.tokenizer is not None
+
+
+def test_a_method_run_carries_its_own_entry_of_the_methods_and_arms_lists():
+    """The run of ``direct`` logs the rollout block with its own entry only, not the agent settings of its sibling
+    methods (which made ``direct`` look like it ran with HiPRAG's budgets)."""
+    from prorag.hooks import _own_entry
+
+    rollout = {"temperature": 0.0, "methods": [{"name": "direct", "kind": "direct", "max_new_tokens": 32},
+                                               {"name": "hiprag_agent", "kind": "agent", "step_budget": 3}]}
+    compare = {"arms": [{"name": "standard_rag"}, {"name": "hiprag_sft", "method": "hiprag"}], "seed": 0}
+    used = _own_entry({"rollout": rollout, "compare": compare, "policy": {"model": "m"}}, "direct")
+    assert used["rollout"] == {"temperature": 0.0, "methods": [{"name": "direct", "kind": "direct",
+                                                                 "max_new_tokens": 32}]}
+    assert used["compare"] == compare and used["policy"] == {"model": "m"}  # no entry named direct: kept whole
+    assert _own_entry({"compare": compare}, "hiprag_sft")["compare"]["arms"] == [{"name": "hiprag_sft",
+                                                                                  "method": "hiprag"}]

@@ -577,7 +577,7 @@ class MlflowTrackingHook:
                 tags[STAGE_TAG] = _stage_of(node)
             self._method_runs[method] = run_id = self._child_run(f"{method} ({policy})", tags)
             if node is not None:
-                used = _used_parameters([node], self._parameters, with_tracking=False)
+                used = _own_entry(_used_parameters([node], self._parameters, with_tracking=False), method)
                 if isinstance(used.get("policy"), dict):  # the policy this method ran, not the node's base policy
                     used["policy"] = {**used["policy"], **recorded_policy(record)}
                 self._log_params(run_id, used)
@@ -734,6 +734,21 @@ def _used_parameters(nodes: Iterable[Node], parameters: dict[str, Any], with_tra
     if with_tracking and "tracking" in parameters:
         used["tracking"] = parameters["tracking"]
     return used
+
+
+def _own_entry(used: dict[str, Any], method: str) -> dict[str, Any]:
+    """``used`` with each list of named entries (``rollout.methods``, ``compare.arms``) cut to ``method``'s own, so
+    the run of ``direct`` does not carry the agent's settings of its sibling methods."""
+    trimmed: dict[str, Any] = {}
+    for block, value in used.items():
+        if isinstance(value, dict):
+            value = {key: [item for item in items if item.get("name") == method]
+                     if key in ("methods", "arms") and isinstance(items, list)
+                     and all(isinstance(item, dict) and "name" in item for item in items)
+                     and any(item.get("name") == method for item in items) else items
+                     for key, items in value.items()}
+        trimmed[block] = value
+    return trimmed
 
 
 def _param_value(value: Any) -> str:
