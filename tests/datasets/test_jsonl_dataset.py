@@ -115,6 +115,8 @@ def test_preview_limits_and_arguments(tmp_path):
     assert dataset.preview(nrows=1, max_chars=10)["data"] == [[0, "xxxxxxxxx…"]]
     with pytest.raises(DatasetError, match="nrows >= 0"):
         dataset.preview(nrows=-1)
+    chosen = dataset.preview(nrows=2, columns=["text", "id", "absent"])  # the catalog's preview_args.columns
+    assert chosen["columns"] == ["text", "id", "absent"] and chosen["data"][1] == ["x" * 30, 1, None]
 
 
 def test_preview_reads_only_the_rows_it_shows_and_names_a_bad_line(tmp_path):
@@ -131,10 +133,10 @@ def test_preview_through_kedro_viz_with_the_catalog_preview_args(tmp_path):
     from kedro_viz.models.flowchart.nodes import GraphNode
 
     filepath = str(tmp_path / "trajectories.jsonl")
-    metadata = {"kedro-viz": {"layer": "model_output", "preview_args": {"nrows": 3}}}
+    metadata = {"kedro-viz": {"layer": "model_output", "preview_args": {"nrows": 3, "columns": ["answer", "id"]}}}
     JSONLinesDataset(filepath=filepath, version=Version(None, None)).save([trajectory(i) for i in range(8)])
     dataset = JSONLinesDataset(filepath=filepath, version=Version(None, None), metadata=metadata)
     node = GraphNode.create_data_node("id", "trajectories", "model_output", set(), dataset, set())
     shown = DataNodeMetadata(data_node=node)
     assert shown.preview_type == "TablePreview"  # the frontend renders it as a table
-    assert len(shown.preview["data"]) == 3 and shown.preview["columns"][0] == "id"
+    assert len(shown.preview["data"]) == 3 and shown.preview["columns"] == ["answer", "id"]

@@ -53,10 +53,11 @@ class JSONLinesDataset(FsspecVersionedDataset[list[dict[str, Any]], list[dict[st
                 handle.write(payload)
         self._invalidate_cache()
 
-    def preview(self, nrows: int = 5, max_chars: int = PREVIEW_MAX_CHARS) -> TablePreview:
+    def preview(self, nrows: int = 5, max_chars: int = PREVIEW_MAX_CHARS,
+                columns: list[str] | None = None) -> TablePreview:
         """The first ``nrows`` records as a kedro-viz table (read line by line, never the whole file): one column
-        per key in order of first appearance, ``index`` the line numbers, nested values as compact JSON and every
-        cell cut to ``max_chars`` characters."""
+        per key in order of first appearance (or the ``columns`` named, in their order), ``index`` the line
+        numbers, nested values as compact JSON and every cell cut to ``max_chars`` characters."""
         if nrows < 0 or max_chars < 1:
             raise DatasetError(f"preview needs nrows >= 0 and max_chars >= 1, got {nrows} and {max_chars}")
         path = self._load_path()
@@ -65,6 +66,7 @@ class JSONLinesDataset(FsspecVersionedDataset[list[dict[str, Any]], list[dict[st
                 numbered = list(islice(parse_jsonl_lines(handle, path), nrows))
         except DataFileError as error:
             raise DatasetError(str(error)) from error
-        columns = list(dict.fromkeys(key for _, record in numbered for key in record))
+        if columns is None:
+            columns = list(dict.fromkeys(key for _, record in numbered for key in record))
         rows = [[preview_cell(record.get(column), max_chars) for column in columns] for _, record in numbered]
         return table_preview(columns, rows, index=[line for line, _ in numbered])
