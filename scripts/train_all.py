@@ -9,9 +9,10 @@ adapter — ``rl_from_sft``, Search-R1 — after the recipe that trains it), so 
 resumable as usual, and ``compare`` then evaluates the adapters these runs saved (each arm's latest version). The
 runs cannot be one Kedro pipeline: the methods' recipes reuse the stage pipelines under the same dataset names.
 
-It stops at the first failing run, naming its log. Every run's output goes to
-``data/08_reporting/train_all/<started>/<pipeline>.log``; the wall time of each run goes to ``timings.md`` beside
-them, and the comparison table (``data/08_reporting/comparison.md``) is printed at the end.
+A method whose run fails does not stop the others: its log's tail is shown, ``compare`` lists its arm as skipped
+with the reason, and the command exits 1 naming it (``--stop-on-failure`` stops at the first failing run instead).
+Every run's output goes to ``data/08_reporting/train_all/<started>/<pipeline>.log``; the wall time of each run goes
+to ``timings.md`` beside them, and the comparison table (``data/08_reporting/comparison.md``) is printed at the end.
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ def _clock(seconds: float) -> str:
 
 
 def run_all(pipelines: Sequence[str], command: Callable[[str], list[str]], log_dir: Path,
-            echo: Callable[[str], None] = print) -> list[tuple[str, float, int]]:
-    """Run each pipeline's command in order, its output to ``<log_dir>/<pipeline>.log``; stop at the first that
-    fails. Returns (pipeline, seconds, exit status) of every run made."""
+            echo: Callable[[str], None] = print, *, stop_on_failure: bool = False) -> list[tuple[str, float, int]]:
+    """Run each pipeline's command in order, its output to ``<log_dir>/<pipeline>.log``; a failing run shows its
+    log's tail and the others go on (``stop_on_failure``: none after it). Returns (pipeline, seconds, exit status)
+    of every run made."""
     log_dir.mkdir(parents=True, exist_ok=True)
     results: list[tuple[str, float, int]] = []
     started = time.monotonic()
@@ -77,7 +79,8 @@ def run_all(pipelines: Sequence[str], command: Callable[[str], list[str]], log_d
         if status != 0:
             tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
             echo("\n".join(f"      | {line}" for line in tail))
-            break
+            if stop_on_failure:
+                break
     return results
 
 
@@ -94,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--env", default=None, help="the Kedro env of every run (default: local)")
     parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods map (default: all)")
     parser.add_argument("--dry-run", action="store_true", help="print the runs in order and stop")
+    parser.add_argument("--stop-on-failure", action="store_true", help="run nothing after a failing run")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from prorag.pipeline_registry import configured_methods
@@ -104,16 +108,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     log_dir = REPORTS / "train_all" / datetime.now(UTC).strftime("%Y-%m-%dT%H.%M.%SZ")
     began = time.monotonic()
-    results = run_all(pipelines, lambda pipeline: kedro_command(pipeline, args.env), log_dir)
+    results = run_all(pipelines, lambda pipeline: kedro_command(pipeline, args.env), log_dir,
+                      stop_on_failure=args.stop_on_failure)
     total = time.monotonic() - began
     table = timings_table(results, total)
     (log_dir / "timings.md").write_text(table, encoding="utf-8")
     print(f"\n{table}\nlogs and timings: {log_dir.relative_to(ROOT)}")
-    if any(status != 0 for _, _, status in results):
-        return 1
+    failed = [pipeline for pipeline, _, status in results if status != 0]
     comparison = sorted((REPORTS / "comparison.md").glob("*/comparison.md"))
-    if comparison:
+    if comparison and "compare" not in failed and results[-1][0] == "compare":
         print(f"\n{comparison[-1].relative_to(ROOT)}:\n{comparison[-1].read_text(encoding='utf-8')}")
+    if failed:
+        print(f"failed: {', '.join(failed)} (their logs are in {log_dir.relative_to(ROOT)})")
+        return 1
     return 0
 
 

@@ -28,13 +28,17 @@ def test_every_configured_method_trains_before_compare_and_search_r1_after_the_s
         train_all.plan(methods, ["nope"])
 
 
-def test_the_first_failing_run_stops_the_rest_and_shows_its_log(tmp_path):
+def test_a_failing_run_shows_its_log_and_the_others_go_on_unless_told_to_stop(tmp_path):
     exits = {"train_a": 0, "train_b": 3, "compare": 0}
+
+    def command(name: str) -> list[str]:
+        return [sys.executable, "-c", f"print('running {name}'); raise SystemExit({exits[name]})"]
+
     lines: list[str] = []
-    results = train_all.run_all(
-        list(exits), lambda name: [sys.executable, "-c", f"print('running {name}'); raise SystemExit({exits[name]})"],
-        tmp_path, echo=lines.append)
-    assert [(name, status) for name, _, status in results] == [("train_a", 0), ("train_b", 3)]
+    results = train_all.run_all(list(exits), command, tmp_path / "on", echo=lines.append)
+    assert [(name, status) for name, _, status in results] == [("train_a", 0), ("train_b", 3), ("compare", 0)]
+    stopped = train_all.run_all(list(exits), command, tmp_path, echo=lines.append, stop_on_failure=True)
+    assert [(name, status) for name, _, status in stopped] == [("train_a", 0), ("train_b", 3)]
     assert (tmp_path / "train_b.log").read_text().strip() == "running train_b"
     assert not (tmp_path / "compare.log").exists()
     assert any("FAILED (exit 3)" in line for line in lines) and any("| running train_b" in line for line in lines)
