@@ -305,22 +305,18 @@ def check_format(text: str) -> tuple[int, int]:
 
 
 def render(steps: Sequence[StepDict], answer: str) -> str:
-    """A gold transcript in the engine's layout: each search step as a Reasoning round ending ``So the next query is
-    <query>q</query>``, the documents (``context``, unescaped, escaped here) and its conclusion as the evidence;
-    the conclusions of the non-search steps lead the next Reasoning round, the last one ending ``So the answer is
-    <answer>a</answer>``."""
-    text, carried = "", []
+    """A gold transcript in the engine's layout, as concise as Figure 12 asks: each search step a Reasoning round
+    ``So the next query is <query>q</query>``, the documents (``context``, unescaped, escaped here) and its
+    conclusion as the evidence; then ``So the answer is <answer>a</answer>``. The planners' reasoning prose (and the
+    non-search steps) are left out: a round then opens exactly as the MCTS's action leads open it."""
+    text = ""
     for step in steps:
         if step["kind"] != "search":
-            carried += [part for part in (step["reasoning"], step["conclusion"]) if part]
             continue
-        reasoning = " ".join([*carried, step["reasoning"] or ""]).strip()
-        carried = []
-        text += (f"{reasoning} " if reasoning else "") + f"{QUERY_PREFIX}{QUERY_OPEN}{step['query']}{QUERY_CLOSE}"
+        text += f"{QUERY_PREFIX}{QUERY_OPEN}{step['query']}{QUERY_CLOSE}"
         text += after_query(escape_retrieved(step["context"] or "")) + f"{step['conclusion']}{EVIDENCE_CLOSE}"
         text += after_evidence()
-    reasoning = " ".join(carried).strip()
-    return text + (f"{reasoning} " if reasoning else "") + f"{ANSWER_PREFIX}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+    return text + f"{ANSWER_PREFIX}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
 
 
 def rounds(text: str) -> int:
