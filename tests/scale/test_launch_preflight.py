@@ -36,8 +36,9 @@ def test_the_in_process_trainer_still_narrows_the_run_and_remembers_the_node(eig
 
 @pytest.mark.parametrize(("launch", "message"), [
     ({"processes_per_machine": 3}, r"launch\.gpu_ids is unset.*\[0, 1, 3, 4, 5\].*free GPUs \[2, 6, 7\]"),
-    ({"processes_per_machine": 2, "gpu_ids": [2, 3]}, r"GPU 3 is held by placement\.servers\.trained_policy"),
-    ({"processes_per_machine": 2, "gpu_ids": [2, 9]}, r"GPU 9 does not exist"),
+    ({"processes_per_machine": 2, "gpu_ids": [2, 3]},
+     r"GPU 3 is used by both servers\.trained_policy\.gpus and launch\.gpu_ids"),
+    ({"processes_per_machine": 2, "gpu_ids": [2, 9]}, r"launch\.gpu_ids: GPU 9 does not exist"),
     ({"processes_per_machine": 3, "gpu_ids": [2, 6]}, r"names 2 GPU\(s\) for launch\.processes_per_machine 3"),
 ])
 def test_a_launch_on_the_servers_gpus_is_refused(eight_gpus, launch, message):

@@ -65,11 +65,13 @@ class PlacementSpec(StrictModel):
         """The declared servers (the null entries left out)."""
         return {name: server for name, server in self.servers.items() if server is not None}
 
-    @model_validator(mode="after")
-    def _no_collision(self) -> PlacementSpec:
+    def server_gpus(self) -> list[tuple[str, list[int]]]:
+        """``(servers.<name>.gpus, its GPUs)`` of every declared server."""
+        return [(f"servers.{name}.gpus", server.gpus) for name, server in self.active().items()]
+
+    def claim_gpus(self, users: list[tuple[str, list[int]]]) -> dict[int, str]:
+        """``{gpu: who}`` for ``(who, gpus)`` users; a ``ValueError`` for a GPU the node lacks or that two use."""
         owners: dict[int, str] = {}
-        users = [("trainer_gpu", [self.trainer_gpu] if self.trainer_gpu is not None else [])]
-        users += [(f"servers.{name}.gpus", server.gpus) for name, server in self.active().items()]
         for who, gpus in users:
             for gpu in gpus:
                 if gpu >= self.gpus_per_node:
@@ -78,6 +80,12 @@ class PlacementSpec(StrictModel):
                     raise ValueError(f"GPU {gpu} is used by both {owners[gpu]} and {who}: one process per GPU "
                                      "(vLLM reserves gpu_memory_utilization of it; NCCL refuses two ranks on one)")
                 owners[gpu] = who
+        return owners
+
+    @model_validator(mode="after")
+    def _no_collision(self) -> PlacementSpec:
+        users = [("trainer_gpu", [self.trainer_gpu] if self.trainer_gpu is not None else [])]
+        self.claim_gpus(users + self.server_gpus())
         ports: dict[int, str] = {self.nccl_port: "nccl_port"}
         for name, server in self.active().items():
             if server.port in ports:

@@ -116,7 +116,7 @@ def check_launch_gpus(parameters: Mapping[str, Any], placement: PlacementSpec) -
     collides with any declared server's GPUs."""
     launch = parameters["launch"]
     processes = int(launch.get("processes_per_machine", 1))
-    servers = {gpu: name for name, server in placement.active().items() for gpu in server.gpus}
+    servers = placement.claim_gpus(placement.server_gpus())
     ids = launch.get("gpu_ids")
     if ids is None:
         if servers:
@@ -129,12 +129,10 @@ def check_launch_gpus(parameters: Mapping[str, Any], placement: PlacementSpec) -
     if len(ids) != processes:
         raise PlacementError(f"launch.gpu_ids names {len(ids)} GPU(s) for launch.processes_per_machine {processes}: "
                              "one training process per GPU")
-    for gpu in ids:
-        if gpu >= placement.gpus_per_node:
-            raise PlacementError(f"launch.gpu_ids: GPU {gpu} does not exist on a node of {placement.gpus_per_node}")
-        if gpu in servers:
-            raise PlacementError(f"launch.gpu_ids: GPU {gpu} is held by placement.servers.{servers[gpu]}: one "
-                                 "process per GPU")
+    try:
+        placement.claim_gpus([*placement.server_gpus(), ("launch.gpu_ids", list(ids))])
+    except ValueError as error:
+        raise PlacementError(str(error)) from error
 
 
 def preflight(parameters: Mapping[str, Any]) -> Preflight:
