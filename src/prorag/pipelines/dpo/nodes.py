@@ -39,8 +39,9 @@ def train_dpo(pair_records: list[dict[str, Any]], params: DPOParams, policy: Pol
         raise ValueError(
             "reasonrag_pairs is empty: no two sibling MCTS steps differ in value by reasonrag_data.min_reward_gap "
             "(reasonrag_data_report has the tree statistics; when the explorer answers every simulated question "
-            "wrongly, every Q is 0). Explore more (reasonrag_data.questions.max_per_source, mcts.iterations) or with "
-            "a stronger explorer (reasonrag_data.policy)")
+            "wrongly, every Q is 0). Explore more (reasonrag_data.questions.max_per_source, mcts.iterations), train "
+            "the cold-start explorer longer (methods.<name>.stages.sft, recipe sft_mcts_dpo) or explore with a "
+            "stronger model (recipe mcts_dpo with reasonrag_data.policy)")
     tokenizer = load_tokenizer(policy.model)
     rows = preference_rows(tokenizer, pair_records)
     if launch.enabled:
