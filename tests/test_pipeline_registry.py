@@ -275,7 +275,8 @@ def _blocks(text: str) -> list[str]:
 
 def test_every_number_in_the_readme_has_a_source(project_root):
     """The convention: a table or paragraph that states a measured number carries a ``source:`` line naming the
-    command that produced it (a registered pipeline's ``kedro run``, a script under benchmarks/ or experiments/)."""
+    command that produced it (a registered pipeline's ``kedro run``, a make target, a script under benchmarks/,
+    experiments/ or scripts/)."""
     readme = (project_root / "README.md").read_text(encoding="utf-8")
     blocks = _blocks(readme)
     unsourced = []
@@ -288,7 +289,8 @@ def test_every_number_in_the_readme_has_a_source(project_root):
         if numbers and source is None:
             unsourced.append((numbers, block[:120]))
         if source is not None:
-            assert re.search(r"`(kedro run --pipelines=\w+|\.venv/bin/python (benchmarks|experiments)/\w+\.py)", source)
+            assert re.search(r"`(kedro run --pipelines=\w+|make [\w-]+|\.venv/bin/python (benchmarks|experiments|"
+                             r"scripts)/\w+\.py)", source), source
     assert not unsourced
     assert sum(line.startswith("source:") for line in readme.splitlines()) >= 1
 
