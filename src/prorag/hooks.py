@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import mlflow
@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from prorag.config import ParameterError, parse_parameters, validate_parameters
 from prorag.datasets import DirectoryDataset
+from prorag.datasets.latest_versions_dataset import stored_versions
 from prorag.tracking import (
     TrackingParams,
     default_tracking_uri,
@@ -177,9 +178,7 @@ class RunVersionHook:
             logger.warning("run %s was killed (its process is gone): its manifest now says killed", run_id)
         versioned = {name: dataset for name in sorted(pipeline.inputs())
                      if (dataset := _versioned(catalog, name)) is not None}
-        # Kedro 1.7 has no public listing of a dataset's stored versions; _get_versions is its own (newest first).
-        available = {name: [PurePosixPath(path).parent.name for path in dataset._get_versions()]
-                     for name, dataset in versioned.items()}
+        available = {name: stored_versions(dataset) for name, dataset in versioned.items()}
         pins = run_params.get("load_versions") or {}
         check_inputs_have_versions([name for name, versions in available.items() if not versions and name not in pins],
                                    _registered_pipeline_shapes(), lambda name: _has_data(catalog, name))
@@ -244,7 +243,7 @@ def _pin_bundles(catalog: DataCatalog, inputs: Iterable[str], manifests: RunMani
             stored = bundle.versions(entry)
             usable = pins.get(entry) or next((version for version in stored if manifests.usable(version)), None)
             if usable is None and stored:
-                statuses = ", ".join(f"{version} ({_run_status(manifests, version)})" for version in stored[:3])
+                statuses = ", ".join(f"{version} ({manifests.status(version)})" for version in stored[:3])
                 reasons[entry] = (f"no stored version comes from a completed run ({statuses}); re-run its pipeline, "
                                   f"or choose one with --load-versions={entry}:<version>")
                 logger.warning("%s.%s: %s", name, entry, reasons[entry])
@@ -254,11 +253,6 @@ def _pin_bundles(catalog: DataCatalog, inputs: Iterable[str], manifests: RunMani
                 chosen[entry] = usable
         catalog[name] = bundle.pinned(versions, reasons)
     return chosen
-
-
-def _run_status(manifests: RunManifests, version: str) -> str:
-    manifest = manifests.read(version)
-    return "no manifest" if manifest is None else manifest.status
 
 
 def _registered_pipeline_shapes() -> list[PipelineShape]:
@@ -739,16 +733,16 @@ def _used_parameters(nodes: Iterable[Node], parameters: dict[str, Any], with_tra
 def _own_entry(used: dict[str, Any], method: str) -> dict[str, Any]:
     """``used`` with each list of named entries (``rollout.methods``, ``compare.arms``) cut to ``method``'s own, so
     the run of ``direct`` does not carry the agent's settings of its sibling methods."""
-    trimmed: dict[str, Any] = {}
-    for block, value in used.items():
-        if isinstance(value, dict):
-            value = {key: [item for item in items if item.get("name") == method]
-                     if key in ("methods", "arms") and isinstance(items, list)
-                     and all(isinstance(item, dict) and "name" in item for item in items)
-                     and any(item.get("name") == method for item in items) else items
-                     for key, items in value.items()}
-        trimmed[block] = value
-    return trimmed
+    def own(key: str, items: Any) -> Any:
+        if key not in ("methods", "arms") or not isinstance(items, list):
+            return items
+        if not all(isinstance(item, dict) and "name" in item for item in items):
+            return items
+        mine = [item for item in items if item["name"] == method]
+        return mine or items  # a list without this method's entry is kept whole
+
+    return {block: {key: own(key, items) for key, items in value.items()} if isinstance(value, dict) else value
+            for block, value in used.items()}
 
 
 def _param_value(value: Any) -> str:

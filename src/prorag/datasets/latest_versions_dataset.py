@@ -28,6 +28,12 @@ from typing import Any
 from kedro.io.core import AbstractDataset, DatasetError, VersionNotFoundError
 
 
+def stored_versions(dataset: AbstractDataset) -> list[str]:
+    """The versions a versioned dataset has stored, newest first."""
+    # Kedro 1.7 has no public listing of a dataset's versions; _get_versions is its own (newest first).
+    return [PurePosixPath(path).parent.name for path in dataset._get_versions()]  # type: ignore[attr-defined]
+
+
 class LatestVersionsDataset(AbstractDataset[None, dict[str, dict[str, Any]]]):
     """Loads the latest version of each configured versioned dataset, or None where there is none."""
 
@@ -51,9 +57,7 @@ class LatestVersionsDataset(AbstractDataset[None, dict[str, dict[str, Any]]]):
 
     def versions(self, name: str) -> list[str]:
         """The stored versions of entry ``name``, newest first."""
-        dataset = AbstractDataset.from_config(name, copy.deepcopy(self._entries[name][0]))
-        # Kedro 1.7 has no public listing of a dataset's versions; _get_versions is its own (newest first).
-        return [PurePosixPath(path).parent.name for path in dataset._get_versions()]  # type: ignore[attr-defined]
+        return stored_versions(AbstractDataset.from_config(name, copy.deepcopy(self._entries[name][0])))
 
     def pinned(self, versions: dict[str, str | None], reasons: dict[str, str] | None = None
                ) -> LatestVersionsDataset:

@@ -116,9 +116,9 @@ def check_launch_gpus(parameters: Mapping[str, Any], placement: PlacementSpec) -
     collides with any declared server's GPUs."""
     launch = parameters["launch"]
     processes = int(launch.get("processes_per_machine", 1))
-    servers = placement.claim_gpus(placement.server_gpus())
     ids = launch.get("gpu_ids")
     if ids is None:
+        servers = placement.claim_gpus(placement.server_gpus())
         if servers:
             free = [gpu for gpu in range(placement.gpus_per_node) if gpu not in servers]
             raise PlacementError(

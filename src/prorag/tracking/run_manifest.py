@@ -101,6 +101,11 @@ class RunManifests:
                 lost.append(manifest.run_id)
         return lost
 
+    def status(self, version: str) -> str:
+        """The status of the run that saved ``version`` (``no manifest`` for a version saved before manifests)."""
+        manifest = self.read(version)
+        return "no manifest" if manifest is None else manifest.status
+
     def usable(self, version: str) -> bool:
         """Whether a dataset version may be loaded by default: its run completed, or it predates manifests."""
         manifest = self.read(version)
@@ -151,14 +156,14 @@ def choose_load_versions(available: Mapping[str, Sequence[str]], manifests: RunM
         usable = next((version for version in versions if manifests.usable(version)), None)
         if usable is None:
             if versions:
-                statuses = ", ".join(f"{version} ({_status(manifests, version)})" for version in versions[:5])
+                statuses = ", ".join(f"{version} ({manifests.status(version)})" for version in versions[:5])
                 raise RunVersionError(
                     f"{name}: no stored version comes from a completed run ({statuses}); re-run the pipeline that "
                     f"produces it, or choose one with --load-versions={name}:<version>")
             continue  # nothing stored: Kedro reports the missing input
         if usable != versions[0]:
             logger.warning("%s: loading %s, the newest version from a completed run; %s is from a run that is %s",
-                           name, usable, versions[0], _status(manifests, versions[0]))
+                           name, usable, versions[0], manifests.status(versions[0]))
         chosen[name] = usable
     _check_lineages(chosen, manifests, set(explicit))
     return chosen
@@ -183,8 +188,3 @@ def _check_lineages(chosen: Mapping[str, str], manifests: RunManifests, explicit
 
 def _via(name: str, version: str, dataset: str) -> str:
     return f"{name} {version} is" if name == dataset else f"{name} {version} was made from"
-
-
-def _status(manifests: RunManifests, version: str) -> str:
-    manifest = manifests.read(version)
-    return "no manifest" if manifest is None else manifest.status

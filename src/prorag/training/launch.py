@@ -141,27 +141,30 @@ def config_path(config: str) -> Path:
                      "nor an existing .yaml / .json file")
 
 
+def _accelerate_config(config: str) -> dict[str, Any]:
+    """The accelerate config file of ``config`` (a shipped name or a path), parsed (YAML, JSON being YAML too)."""
+    import yaml
+
+    return yaml.safe_load(config_path(config).read_text(encoding="utf-8")) or {}
+
+
+def _kind(loaded: dict[str, Any]) -> str:
+    return {"FSDP": "fsdp", "DEEPSPEED": "deepspeed"}.get(str(loaded.get("distributed_type", "")), "ddp")
+
+
 def config_kind(config: str) -> str:
     """``ddp``, ``deepspeed`` or ``fsdp``: what the accelerate config distributes with."""
-    text = config_path(config).read_text(encoding="utf-8")
-    if "distributed_type: FSDP" in text:
-        return "fsdp"
-    if "distributed_type: DEEPSPEED" in text:
-        return "deepspeed"
-    return "ddp"
+    return _kind(_accelerate_config(config))
 
 
 def sharding_stage(config: str) -> int:
     """What an accelerate config shards across ranks: 3 (ZeRO-3, FSDP: parameters, gradients, optimizer), 2 (ZeRO-2:
     gradients and optimizer), 1 (ZeRO-1: optimizer) or 0 (DDP)."""
-    import yaml
-
-    path = config_path(config)
-    loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    kind = str(loaded.get("distributed_type", ""))
-    if kind == "FSDP":
+    loaded = _accelerate_config(config)
+    kind = _kind(loaded)
+    if kind == "fsdp":
         return 3
-    if kind == "DEEPSPEED":
+    if kind == "deepspeed":
         deepspeed = loaded.get("deepspeed_config") or {}
         stage = deepspeed.get("zero_stage")
         if stage is None and deepspeed.get("deepspeed_config_file"):
