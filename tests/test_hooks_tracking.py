@@ -124,6 +124,10 @@ def pipeline(adapter: str) -> Pipeline:
 
 def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
         tmp_path: Path, mlflow_uri: str, tiny_adapter: str) -> None:
+    from prorag.judges.limits import record_usage
+
+    # an earlier judge call in this process (another run, another test): not this run's usage
+    record_usage("http://127.0.0.1:9/v1", "earlier-judge", 100, 10, None)
     # artifacts beside the store (the default root is the ./mlruns of the directory the store was opened from)
     mlflow.create_experiment("hooks-test", artifact_location=(tmp_path / "mlruns").as_uri())
     parameters = {"data": {"limit": 3}, "sft": {"lr": 0.1, "api_key": "sk-secret"},

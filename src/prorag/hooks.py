@@ -335,6 +335,9 @@ class MlflowTrackingHook:
                               else parse_parameters(TrackingParams, tracking, "tracking"))
         except ParameterError:
             return  # ParameterValidationHook reports it; nothing to track for a run that will not start
+        from prorag.judges.limits import reset_usage
+
+        reset_usage()  # the judge usage this run logs is its own, not that of earlier runs in this process
         if not self._settings.enabled:
             return
         self._reset()

@@ -174,6 +174,12 @@ def default_state_dir() -> str:
     return str(Path(root) / "judge_limits")
 
 
+def reset_usage() -> None:
+    """Start counting usage afresh: what one run reports (and spends against a budget) is its own."""
+    with _USAGE_LOCK:
+        USAGE.clear()
+
+
 def reset_for_tests() -> None:
     """Forget every limiter and usage record (tests)."""
     with _LIMITERS_LOCK:
