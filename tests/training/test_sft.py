@@ -145,3 +145,31 @@ def test_train_sft_lora_writes_a_loadable_adapter(one_torch_thread, tokenizer, m
     model = PeftModel.from_pretrained(base, adapter_dir)
     lora_b = [param for name, param in model.named_parameters() if "lora_B" in name]
     assert lora_b and any(param.abs().sum() > 0 for param in lora_b)  # trained away from the zero init
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mixed_precision", "computed_in"), [("no", "torch.float32"), ("bf16", "torch.bfloat16")])
+def test_mixed_precision_computes_in_bf16_over_fp32_weights(one_torch_thread, tokenizer, musique, tmp_path,
+                                                            mixed_precision, computed_in):
+    from transformers import TrainerCallback
+
+    seen: dict[str, str] = {}
+
+    class RecordDtypes(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            projection = next(module for name, module in model.named_modules() if name.endswith("down_proj.base_layer"))
+            seen["weights"] = str(projection.weight.dtype)
+            projection.register_forward_hook(self.record)
+
+        @staticmethod
+        def record(module, inputs, output) -> None:
+            seen.setdefault("output", str(output.dtype))
+
+    trajectory = synthesize_musique(musique[0], None, rng=random.Random(0), protocol="hiprag")
+    example = build_sft_example(tokenizer, trajectory.question, trajectory.completion, protocol="hiprag",
+                                few_shot=False)
+    train_sft_lora(BUNDLED_TINY_LLAMA, [example], tmp_path / "sft",
+                   SFTSettings(lora_r=4, lora_alpha=8, max_steps=1, per_device_train_batch_size=1,
+                               target_modules=["down_proj"], mixed_precision=mixed_precision),
+                   callbacks=[RecordDtypes()])
+    assert seen == {"weights": "torch.float32", "output": computed_in}

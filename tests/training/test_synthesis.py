@@ -19,7 +19,7 @@ from prorag.retrieval.store import PassageStore
 from prorag.training.synthesis import (
     FIRST_HOP_DATASET,
     SynthesizedTrajectory,
-    first_hop_question,
+    hop_questions,
     split_for_synthesis,
     synthesis_summary,
     synthesize_hotpotqa,
@@ -321,7 +321,7 @@ def test_first_hops_ask_each_self_contained_first_sub_question_on_its_own(musiqu
     """The first sub-question of a MuSiQue train record, asked alone: a single-hop example of the same split, one
     search grounded in what the retriever returns; a ``>>`` relation or a ``#k`` placeholder is no question."""
     records = musique[:12]
-    hops = [first_hop_question(question) for question in records]
+    hops = [next(iter(hop_questions(question)), None) for question in records]
     usable = [(question, hop) for question, hop in zip(records, hops, strict=True) if hop is not None]
     assert usable and len(usable) < len(records)
     for question, hop in usable:
@@ -364,3 +364,26 @@ def test_reasonrag_gold_transcripts_parse_as_the_engine_writes_them(musique, bm2
         trained = "".join(text for text, written in pieces if written)
         assert "<documents>" not in trained and "Doc 1(Title:" not in trained
         assert trained.count("</evidence>") == len(queries) and trained.endswith("</answer>")
+
+
+def test_later_hops_fill_in_the_earlier_sub_answers(musique, bm25):
+    """With ``later_hops`` every sub-question becomes a single-hop question, ``#j`` replaced by the j-th
+    sub-answer; ``>>`` relations are no question, but their answers still fill the later hops."""
+    records = musique[:12]
+    for question in records:
+        decomposition = question.metadata["question_decomposition"]
+        hops = hop_questions(question, later=True)
+        assert [hop.id for hop in hops] == [f"{question.id}#hop{index}" for index, step in enumerate(decomposition, 1)
+                                            if ">>" not in step["question"]]
+        for hop in hops:
+            step = decomposition[int(hop.id.rsplit("#hop", 1)[1]) - 1]
+            assert hop.golden_answers == (step["answer"],) and not re.search(r"#\d", hop.question)
+            for j in re.findall(r"#(\d+)", step["question"]):
+                assert decomposition[int(j) - 1]["answer"] in hop.question
+    first_only, _ = synthesize_trajectories(records, bm25, top_k=3, seed=0, protocol="hiprag", first_hops=True)
+    every, _ = synthesize_trajectories(records, bm25, top_k=3, seed=0, protocol="hiprag", first_hops=True,
+                                       later_hops=True)
+    assert set(t.question_key for t in first_only) < set(t.question_key for t in every)
+    later_only, _ = synthesize_trajectories(records, bm25, top_k=3, seed=0, protocol="hiprag", later_hops=True)
+    assert not any(t.question_key.endswith("#hop1") for t in later_only)
+    assert any(t.question_key.endswith("#hop2") for t in later_only)

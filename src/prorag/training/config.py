@@ -102,6 +102,11 @@ class SFTSettings(TrainerArgs, CheckpointSettings, LoraSettings):
     max_length: PositiveInt | None = None
     """None keeps every sequence whole (TRL's default of 1024 would cut long prompts' completions)."""
     dtype: Dtype = "float32"
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """``bf16``: compute under bf16 autocast over ``dtype``'s weights (TRL's ``bf16=True``; with ``dtype: float32``
+    the weights stay fp32). On a CPU with AVX512-BF16 or AMX an SFT step takes about half the time of fp32 (1.4k
+    tokens of SmolLM2 with LoRA: 3.5 s vs 7.0 s forward + backward here); on one without, it is slower.
+    ``dtype: bfloat16`` on a GPU implies it."""
     gradient_checkpointing: bool = False
     use_cpu: bool = True
     """False on GPUs (conf/gpu)."""
@@ -153,7 +158,7 @@ SFT_TRL_NAMES = ("learning_rate", "num_train_epochs", "max_steps", "per_device_t
 """The ``SFTConfig`` fields :class:`SFTSettings` sets under their own names."""
 SFTSettings.trl_owned = {
     **{name: f"sft.{name}" for name in SFT_TRL_NAMES},
-    "activation_checkpointing": "sft.gradient_checkpointing", "bf16": "sft.dtype", "fp16": "sft.dtype",
+    "activation_checkpointing": "sft.gradient_checkpointing", "bf16": "sft.mixed_precision", "fp16": "sft.dtype",
     "data_seed": "sft.seed", "save_steps": "sft.save_steps", "save_total_limit": "sft.save_total_limit",
     **dict.fromkeys(("output_dir", "save_strategy", "completion_only_loss", "assistant_only_loss"), FIXED_BY_PRORAG),
 }

@@ -393,8 +393,8 @@ def _write_json(path: Path, data: Any) -> None:
 # ------------------------------------------------------------------------------------------ the stages
 
 
-def _mixed_precision(dtype: str, use_cpu: bool) -> str:
-    return "bf16" if dtype == "bfloat16" and not use_cpu else "no"
+def _mixed_precision(dtype: str, use_cpu: bool, requested: str = "no") -> str:
+    return "bf16" if requested == "bf16" or (dtype == "bfloat16" and not use_cpu) else "no"
 
 
 def launch_sft(model: str, examples: Sequence[Mapping[str, Sequence[int]]], settings: Any,
@@ -406,7 +406,8 @@ def launch_sft(model: str, examples: Sequence[Mapping[str, Sequence[int]]], sett
                               "world_size": launch.world_size, "config": launch.config})
     bundle = prepare_bundle(launch, "sft", key, inputs={"examples": rows},
                             worker={"model": model, "settings": dumped, "metrics_prefix": metrics_prefix})
-    return run_launch(launch, bundle, mixed_precision=_mixed_precision(settings.dtype, settings.use_cpu))
+    return run_launch(launch, bundle, mixed_precision=_mixed_precision(settings.dtype, settings.use_cpu,
+                                                                       settings.mixed_precision))
 
 
 def launch_dpo(model: str, rows: Sequence[Mapping[str, str]], config: Any, launch: LaunchSettings, *,

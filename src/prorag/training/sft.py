@@ -108,7 +108,7 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
         **settings.model_dump(include=set(SFT_TRL_NAMES)),
         "output_dir": str(output / CHECKPOINTS),
         "report_to": [],
-        "bf16": settings.dtype == "bfloat16" and not settings.use_cpu,
+        "bf16": settings.mixed_precision == "bf16" or (settings.dtype == "bfloat16" and not settings.use_cpu),
         "fp16": False,
         "data_seed": settings.seed,
         **checkpoint_arguments(settings.save_steps, settings.save_total_limit),

@@ -606,45 +606,55 @@ def _single_search_plans(questions: Sequence[Question], retriever: Retriever | N
 
 
 FIRST_HOP_DATASET: Final = "first_hop"
-"""``Question.dataset`` of a first sub-question asked on its own (:func:`first_hop_question`)."""
+"""``Question.dataset`` of a sub-question asked on its own (:func:`hop_questions`)."""
 
 
-def first_hop_question(question: Question) -> Question | None:
-    """The first sub-question of a MuSiQue-style decomposition (``metadata.question_decomposition``) as a
-    single-hop question of its own — same split and source, id ``<id>#hop1``, its sub-answer as the golden
-    answer — or None when it is not a question on its own (a ``>>`` relation, a ``#k`` placeholder) or lacks an
-    answer."""
+def hop_questions(question: Question, *, later: bool = False) -> list[Question]:
+    """Sub-questions of a MuSiQue-style decomposition (``metadata.question_decomposition``) as single-hop questions
+    of their own — same split and source, id ``<id>#hop<k>``, the sub-answer as the golden answer. The first one
+    only, or with ``later`` every one, its ``#j`` placeholders replaced by the earlier sub-answers ("Who was the
+    first president of #1?" → "... of American Psychological Association?"). A hop that is no question on its own
+    (a ``>>`` relation, an unknown ``#j``) or lacks an answer is left out."""
     decomposition = question.metadata.get("question_decomposition")
-    if not isinstance(decomposition, list) or not decomposition or not isinstance(decomposition[0], dict):
-        return None
-    text, answer = decomposition[0].get("question"), decomposition[0].get("answer")
-    if not isinstance(text, str) or not isinstance(answer, str) or not text.strip() or not answer.strip():
-        return None
-    if ">>" in text or _PLACEHOLDER.search(text):
-        return None
-    text = _tidy(normalize_text(text))
-    return replace(question, id=f"{question.id}#hop1", question=text if text.endswith("?") else f"{text}?",
-                   golden_answers=(normalize_text(answer),), dataset=FIRST_HOP_DATASET, metadata={},
-                   supporting_passage_ids=(), context_passage_ids=())
+    if not isinstance(decomposition, list):
+        return []
+    answers: list[str] = []
+    hops: list[Question] = []
+    for index, hop in enumerate(decomposition if later else decomposition[:1], start=1):
+        text, answer = (hop.get("question"), hop.get("answer")) if isinstance(hop, dict) else (None, None)
+        if not isinstance(text, str) or not isinstance(answer, str) or not text.strip() or not answer.strip():
+            break  # the later hops refer to this one's answer
+        answers.append(normalize_text(answer))
+        if ">>" in text or any(int(j) > len(answers) - 1 or int(j) < 1 for j in _PLACEHOLDER.findall(text)):
+            continue
+        text = _tidy(normalize_text(_PLACEHOLDER.sub(lambda match: answers[int(match.group(1)) - 1], text)))
+        text = text if text.endswith("?") else f"{text}?"
+        hops.append(replace(question, id=f"{question.id}#hop{index}", question=text,
+                            golden_answers=(answers[-1],), dataset=FIRST_HOP_DATASET, metadata={},
+                            supporting_passage_ids=(), context_passage_ids=()))
+    return hops
 
 
 def synthesize_trajectories(questions: Sequence[Question], retriever: Retriever | None, *, top_k: int = 3,
                             seed: int = 0, protocol: str | ProtocolAdapter, single_search: bool = False,
-                            first_hops: bool = False) -> tuple[list[SynthesizedTrajectory], dict[str, str]]:
+                            first_hops: bool = False, later_hops: bool = False,
+                            ) -> tuple[list[SynthesizedTrajectory], dict[str, str]]:
     """Trajectories of every question whose dataset has a synthesizer, with batched retriever calls.
 
     With ``single_search``, a question whose dataset has no decomposition synthesizer (NQ, TriviaQA, PopQA, ...)
     gets a one-search trajectory grounded in what the retriever returns for it (:func:`_plan_single_search`);
     otherwise it is skipped. With ``first_hops``, the first sub-question of every decomposed question is asked on
-    its own as well (:func:`first_hop_question`) and gets a one-search trajectory the same way: single-hop
-    examples from the same train split. Each question draws its insertion positions from its own
+    its own as well (:func:`hop_questions`) and gets a one-search trajectory the same way: single-hop examples
+    from the same train split; ``later_hops`` adds the later sub-questions, the earlier sub-answers filled in.
+    Each question draws its insertion positions from its own
     ``random.Random(f"{seed}/{key}")``, so a result does not depend on which other questions are in the batch.
-    Returns the trajectories (in question order, each first hop after its question) and ``{question key: reason}``
+    Returns the trajectories (in question order, its hops after each question) and ``{question key: reason}``
     for the questions that were skipped.
     """
-    if first_hops:
+    if first_hops or later_hops:
         questions = [derived for question in questions
-                     for derived in (question, first_hop_question(question)) if derived is not None]
+                     for derived in (question, *[hop for hop in hop_questions(question, later=later_hops)
+                                                 if (first_hops if hop.id == f"{question.id}#hop1" else later_hops)])]
     skipped: dict[str, str] = {}
     decomposed: dict[str, _Plan] = {}
     single: list[Question] = []

@@ -28,7 +28,8 @@ def synthesize_sft_data(question_records: list[dict[str, Any]], evaluation_recor
     trajectories, skipped = synthesize_trajectories(questions, build_retriever(params.retriever, index),
                                                     top_k=params.retriever.top_k, seed=params.seed,
                                                     protocol=agent.protocol, single_search=params.single_search,
-                                                    first_hops=params.first_hops)
+                                                    first_hops=params.first_hops,
+                                                    later_hops=params.later_hops)
     if not trajectories:
         raise ValueError("sft_synthesis produced no trajectory (check sft_synthesis.sources)")
     return [trajectory.to_dict() for trajectory in trajectories], synthesis_summary(trajectories, skipped)

@@ -20,5 +20,8 @@ class SftSynthesisParams(StrictModel):
     """Also ask the first sub-question of every decomposed (MuSiQue) question on its own, as a one-search example
     grounded the same way: single-hop examples from the same train split (the evaluation mixes single-hop PopQA
     with multi-hop questions)."""
+    later_hops: bool = False
+    """Also ask each later sub-question on its own, the earlier sub-answers filled in for its ``#k`` ("Who was the
+    first president of #1?" → "... of American Psychological Association?")."""
     retriever: RetrieverSpec = RetrieverSpec()
     seed: Seed = 0
