@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import inspect
 import json
 import logging
 import os
@@ -29,8 +30,8 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from pydantic import BaseModel
 
 from prorag.config import ParameterError, parse_parameters, validate_parameters
-from prorag.datasets import DirectoryDataset
-from prorag.datasets.latest_versions_dataset import stored_versions
+from prorag.datasets import DirectoryDataset, OptionalVersionDataset
+from prorag.datasets.optional_version_dataset import stored_versions
 from prorag.tracking import (
     TrackingParams,
     default_tracking_uri,
@@ -40,7 +41,13 @@ from prorag.tracking import (
     redact,
     redact_text,
 )
-from prorag.tracking.missing_inputs import PipelineShape, check_inputs_have_versions
+from prorag.tracking.missing_inputs import (
+    Available,
+    PipelineShape,
+    check_inputs_have_versions,
+    missing_input_line,
+    producers,
+)
 from prorag.tracking.model_reference import BackgroundUploads, log_model_folder
 from prorag.tracking.run_manifest import RunManifest, RunManifests, choose_load_versions, process_alive
 from prorag.tracking.runs import (
@@ -156,7 +163,10 @@ class RunVersionHook:
     pipelines that write it (:func:`~prorag.tracking.missing_inputs.check_inputs_have_versions`); every other
     versioned input without a ``--load-versions`` pin is pinned to the newest
     version saved by a *completed* run, and the chosen versions must share their lineage, else the run fails
-    naming both versions (:func:`~prorag.tracking.run_manifest.choose_load_versions`). The run's manifest in
+    naming both versions (:func:`~prorag.tracking.run_manifest.choose_load_versions`). An optional input
+    (:func:`optional_inputs`: compare's adapters) is pinned the same way, each on its own, and loads through an
+    :class:`~prorag.datasets.OptionalVersionDataset`: ``Available(data, version)``, or ``Missing(reason)`` when no
+    version is usable (none saved, or only by runs that did not complete). The run's manifest in
     :data:`RUN_MANIFEST_DIR` records what it loaded and saved and ends ``completed``, ``failed`` or ``killed``.
     """
 
@@ -180,14 +190,23 @@ class RunVersionHook:
                      if (dataset := _versioned(catalog, name)) is not None}
         available = {name: stored_versions(dataset) for name, dataset in versioned.items()}
         pins = run_params.get("load_versions") or {}
-        check_inputs_have_versions([name for name, versions in available.items() if not versions and name not in pins],
+        optional = optional_inputs(pipeline) & set(versioned)
+        required = {name: versions for name, versions in available.items() if name not in optional}
+        check_inputs_have_versions([name for name, versions in required.items() if not versions and name not in pins],
                                    _registered_pipeline_shapes(), lambda name: _has_data(catalog, name))
-        chosen = choose_load_versions(available, manifests, pins)
+        chosen = choose_load_versions(required, manifests, pins)
         for name, version in chosen.items():
             dataset = versioned[name]
             if dataset._version.load != version and available[name][:1] != [version]:
                 catalog[name] = dataset._copy(_version=Version(version, dataset._version.save))
-        chosen = {**chosen, **_pin_bundles(catalog, pipeline.inputs(), manifests, pins)}
+        for name in sorted(optional):
+            version, reason = _optional_version(catalog, name, available[name], manifests, pins)
+            dataset = versioned[name]
+            if version is not None:
+                chosen[name] = version
+                dataset = dataset._copy(_version=Version(version, dataset._version.save))
+            catalog[name] = OptionalVersionDataset(dataset=dataset, reason=reason,
+                                                   metadata=getattr(dataset, "metadata", None))
         self._manifest = RunManifest(run_id=run_params["run_id"], pipelines=run_params.get("pipeline_names")
                                      or ["__default__"], loaded=chosen)
         manifests.write(self._manifest)
@@ -223,36 +242,49 @@ class RunVersionHook:
         self._manifest = None
 
 
-def _pin_bundles(catalog: DataCatalog, inputs: Iterable[str], manifests: RunManifests,
-                 pins: Mapping[str, str]) -> dict[str, str]:
-    """Pin every entry of the :class:`~prorag.datasets.LatestVersionsDataset` inputs (compare's
-    ``trained_artifacts``) as plain inputs are pinned: ``--load-versions`` first, else the newest version saved by a
-    completed run; an entry whose stored versions all come from runs that did not complete loads as missing, with
-    the reason (compare lists its arm as skipped). Each entry is its own arm, so their lineages are not compared.
-    Returns the chosen ``{entry: version}``."""
-    from prorag.datasets import LatestVersionsDataset
+OPTIONAL_ARTIFACTS: Final = "artifacts"
+"""The ``**kwargs`` parameter of a node function through which the node takes optional inputs (compare's
+``run_compare_rollouts``: each trained adapter and the knowledge graph)."""
 
-    chosen: dict[str, str] = {}
-    for name in sorted(inputs):
-        bundle = catalog.get(name) if name in catalog else None
-        if not isinstance(bundle, LatestVersionsDataset):
-            continue
-        versions: dict[str, str | None] = {}
-        reasons: dict[str, str] = {}
-        for entry in bundle.names:
-            stored = bundle.versions(entry)
-            usable = pins.get(entry) or next((version for version in stored if manifests.usable(version)), None)
-            if usable is None and stored:
-                statuses = ", ".join(f"{version} ({manifests.status(version)})" for version in stored[:3])
-                reasons[entry] = (f"no stored version comes from a completed run ({statuses}); re-run its pipeline, "
-                                  f"or choose one with --load-versions={entry}:<version>")
-                logger.warning("%s.%s: %s", name, entry, reasons[entry])
-            if stored or entry in pins:
-                versions[entry] = usable
-            if usable is not None:
-                chosen[entry] = usable
-        catalog[name] = bundle.pinned(versions, reasons)
-    return chosen
+
+def optional_inputs(pipeline: Pipeline) -> set[str]:
+    """The inputs that ``pipeline``'s nodes read only as optional: those a node passes to its function's
+    ``**artifacts`` (:data:`OPTIONAL_ARTIFACTS`). An input that another node of the run needs stays required (e.g.
+    ``sft_adapter`` in ``kedro run --pipelines=train_rl,compare``)."""
+    optional: set[str] = set()
+    required: set[str] = set()
+    for node in pipeline.nodes:
+        through = _optional_node_inputs(node)
+        optional.update(through)
+        required.update(set(node.inputs) - through)
+    return optional - required
+
+
+def _optional_node_inputs(node: Node) -> set[str]:
+    parameters = inspect.signature(node.func).parameters.values()
+    if not any(parameter.kind is parameter.VAR_KEYWORD and parameter.name == OPTIONAL_ARTIFACTS
+               for parameter in parameters):
+        return set()
+    named = [parameter for parameter in parameters if parameter.kind is not parameter.VAR_KEYWORD]
+    return set(node.inputs[len(named):])  # Kedro orders dict inputs as bound: the named ones, then **artifacts
+
+
+def _optional_version(catalog: DataCatalog, name: str, stored: list[str], manifests: RunManifests,
+                      pins: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The version an optional input loads — its ``--load-versions`` pin, else the newest version saved by a
+    completed run — or None and why there is none (the inputs are independent, so lineages are not compared)."""
+    version = pins.get(name) or next((version for version in stored if manifests.usable(version)), None)
+    if version is not None:
+        return version, None
+    if stored:
+        statuses = ", ".join(f"{version} ({manifests.status(version)})" for version in stored[:3])
+        reason = (f"{name}: no stored version comes from a completed run ({statuses}); re-run its pipeline, or "
+                  f"choose one with --load-versions={name}:<version>")
+    else:
+        reason = missing_input_line(name, producers(name, _registered_pipeline_shapes(),
+                                                    lambda dataset: _has_data(catalog, dataset)))
+    logger.warning("%s", reason)
+    return None, reason
 
 
 def _registered_pipeline_shapes() -> list[PipelineShape]:
@@ -420,8 +452,11 @@ class MlflowTrackingHook:
     def after_dataset_loaded(self, dataset_name: str, data: Any, node: Node) -> None:
         if not self._run_active:
             return
-        if isinstance(data, str) and self._catalog is not None and dataset_name in self._catalog \
-                and isinstance(self._catalog.get(dataset_name), DirectoryDataset):
+        dataset = self._catalog.get(dataset_name) if self._catalog is not None and dataset_name in self._catalog \
+            else None
+        if isinstance(dataset, OptionalVersionDataset) and isinstance(data, Available):
+            dataset, data = dataset.dataset, data.data
+        if isinstance(data, str) and isinstance(dataset, DirectoryDataset):
             self._adapter_names[adapter_key(data)] = dataset_name
         if dataset_name in self._settings.input_datasets:
             self._log_input(dataset_name, data, _file_of(_local_path(self._catalog, dataset_name, saved=False)), node)
