@@ -56,12 +56,14 @@ from prorag.tracking.runs import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
     KIND_TAG,
+    METHOD_METRICS_TABLE,
     METHOD_TAG,
     POLICY_TAG,
     PROTOCOL_TAG,
     STAGE_TAG,
     adapter_key,
     dataset_input,
+    is_curated_method_metric,
     is_peft_adapter,
     is_rollout_records,
     recorded_policy,
@@ -625,8 +627,20 @@ class MlflowTrackingHook:
         for method, values in methods.items():
             if method not in self._method_runs:
                 self._method_runs[method] = self._child_run(method, {KIND_TAG: "method", METHOD_TAG: method})
-            _log_batch(self._client, self._method_runs[method], metric_series(f"{prefix}_metrics", values))
+            series = list(metric_series(f"{prefix}_metrics", values))
+            _log_batch(self._client, self._method_runs[method],
+                       [item for item in series if is_curated_method_metric(item[0])])
+            self._safely("the metrics table", self._log_metrics_table, self._method_runs[method], name, series)
         _log_batch(self._client, stage_run, metric_series(name, rest))
+
+    def _log_metrics_table(self, run_id: str, output: str, series: list[tuple[str, float, int | None]]) -> None:
+        """Every number of a method's part of ``output`` as rows of the run's table artifact (appended: a method
+        run gets the evaluation's and the judge's)."""
+        if series:
+            self._client.log_table(run_id, {"key": [key for key, _, _ in series],
+                                            "value": [value for _, value, _ in series],
+                                            "curated": [is_curated_method_metric(key) for key, _, _ in series],
+                                            "output": [output] * len(series)}, METHOD_METRICS_TABLE)
 
     def _trace_rollouts(self, records: list[dict[str, Any]], node: Node | None, started_ns: int | None) -> None:
         """Method runs for the rollouts' methods, and a trace for each sampled rollout not traced yet."""
