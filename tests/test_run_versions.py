@@ -135,7 +135,7 @@ def test_a_killed_run_is_marked_killed_in_mlflow_and_its_manifest(tmp_path, mlfl
     assert manifest(tmp_path, A)["status"] == "killed"
 
 
-def test_compare_s_adapters_are_pinned_one_by_one_and_missing_ones_say_why(tmp_path):
+def test_compare_s_adapters_are_pinned_one_by_one_and_missing_ones_say_why(tmp_path, caplog):
     """The adapters compare takes as optional inputs (its node's ``**artifacts``) are pinned as plain inputs are:
     the newest version from a completed run, or ``--load-versions``; an adapter whose versions all come from failed
     runs, or that has none, loads as Missing with the reason (compare lists the arm as skipped), never as the
@@ -198,6 +198,7 @@ def test_compare_s_adapters_are_pinned_one_by_one_and_missing_ones_say_why(tmp_p
                                                "writes it")  # (the registered pipelines are named in a project)
     assert {name: version for name, version in manifest(tmp_path, F)["loaded"].items() if name in adapters} == \
         {"sft_adapter": A, "rl_adapter": E}
+    assert not [record for record in caplog.records if record.getMessage().startswith("Replacing dataset")]
     pinned = compare_run("2026-01-07T00.00.00.000Z", {"rl_adapter": D, "dpo_adapter": C})
     assert pinned["rl_adapter"] == Available([{"adapter": D}], D)
     assert pinned["dpo_adapter"] == Available([{"adapter": C}], C)

@@ -22,7 +22,7 @@ import mlflow
 from kedro.config import MissingConfigException
 from kedro.framework.context import KedroContext
 from kedro.framework.hooks import hook_impl
-from kedro.io import AbstractVersionedDataset, DataCatalog, DatasetError, Version
+from kedro.io import AbstractDataset, AbstractVersionedDataset, DataCatalog, DatasetError, Version
 from kedro.pipeline import Node, Pipeline
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
@@ -200,15 +200,15 @@ class RunVersionHook:
         for name, version in chosen.items():
             dataset = versioned[name]
             if dataset._version.load != version and available[name][:1] != [version]:
-                catalog[name] = dataset._copy(_version=Version(version, dataset._version.save))
+                _replace(catalog, name, dataset._copy(_version=Version(version, dataset._version.save)))
         for name in sorted(optional):
             version, reason = _optional_version(catalog, name, available[name], manifests, pins)
             dataset = versioned[name]
             if version is not None:
                 chosen[name] = version
                 dataset = dataset._copy(_version=Version(version, dataset._version.save))
-            catalog[name] = OptionalVersionDataset(dataset=dataset, reason=reason,
-                                                   metadata=getattr(dataset, "metadata", None))
+            _replace(catalog, name, OptionalVersionDataset(dataset=dataset, reason=reason,
+                                                           metadata=getattr(dataset, "metadata", None)))
         self._manifest = RunManifest(run_id=run_params["run_id"], pipelines=run_params.get("pipeline_names")
                                      or ["__default__"], loaded=chosen)
         manifests.write(self._manifest)
@@ -282,11 +282,28 @@ def _optional_version(catalog: DataCatalog, name: str, stored: list[str], manife
         statuses = ", ".join(f"{version} ({manifests.status(version)})" for version in stored[:3])
         reason = (f"{name}: no stored version comes from a completed run ({statuses}); re-run its pipeline, or "
                   f"choose one with --load-versions={name}:<version>")
-    else:
+        logger.warning("%s", reason)
+    else:  # never made: the node says what it skips
         reason = missing_input_line(name, producers(name, _registered_pipeline_shapes(),
                                                     lambda dataset: _has_data(catalog, dataset)))
-    logger.warning("%s", reason)
     return None, reason
+
+
+class _WithoutReplacingWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "Replacing dataset '%s'"
+
+
+def _replace(catalog: DataCatalog, name: str, dataset: AbstractDataset) -> None:
+    """``catalog[name] = dataset`` without Kedro's "Replacing dataset" warning: the hook replaces an input by the
+    version it pins on purpose, and the warning would read as a problem on every run."""
+    kedro_logger = logging.getLogger(type(catalog).__module__)
+    quiet = _WithoutReplacingWarning()
+    kedro_logger.addFilter(quiet)
+    try:
+        catalog[name] = dataset
+    finally:
+        kedro_logger.removeFilter(quiet)
 
 
 def _registered_pipeline_shapes() -> list[PipelineShape]:
