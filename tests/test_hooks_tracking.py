@@ -20,6 +20,7 @@ from prorag.agent.trajectory import Rollout, Segment
 from prorag.datasets import DirectoryDataset, JSONLinesDataset
 from prorag.hooks import MlflowTrackingHook
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
+from prorag.specs import PolicySpec
 
 SAVE_VERSION = "2026-01-01T00.00.00.000Z"
 QUESTIONS = [{"id": str(index), "question": f"Question {index}?", "golden_answers": ["Paris"], "dataset": "popqa"}
@@ -132,7 +133,8 @@ def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
     # artifacts beside the store (the default root is the ./mlruns of the directory the store was opened from)
     mlflow.create_experiment("hooks-test", artifact_location=(tmp_path / "mlruns").as_uri())
     parameters = {"data": {"limit": 3}, "sft": {"lr": 0.1, "api_key": "sk-secret"},
-                  "policy": {"model": BUNDLED_TINY_LLAMA, "dtype": "float32"},
+                  # a model, as Kedro 1.7 gives typed nodes their parameters (compare's arms read it so)
+                  "policy": PolicySpec(model=BUNDLED_TINY_LLAMA, dtype="float32"),
                   "tracking": {"experiment_name": "hooks-test", "trace_samples": 2, "system_metrics": False}}
     catalog = DataCatalog({
         "questions": JSONLinesDataset(filepath=str(tmp_path / "questions.jsonl")),

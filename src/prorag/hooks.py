@@ -297,7 +297,7 @@ class _WithoutReplacingWarning(logging.Filter):
 def _replace(catalog: DataCatalog, name: str, dataset: AbstractDataset) -> None:
     """``catalog[name] = dataset`` without Kedro's "Replacing dataset" warning: the hook replaces an input by the
     version it pins on purpose, and the warning would read as a problem on every run."""
-    kedro_logger = logging.getLogger(type(catalog).__module__)
+    kedro_logger = logging.getLogger(DataCatalog.__module__)  # the catalog's own logger (its class may be derived)
     quiet = _WithoutReplacingWarning()
     kedro_logger.addFilter(quiet)
     try:
@@ -629,8 +629,11 @@ class MlflowTrackingHook:
             self._method_runs[method] = run_id = self._child_run(f"{method} ({policy})", tags)
             if node is not None:
                 used = _own_entry(_used_parameters([node], self._parameters, with_tracking=False), method)
-                if isinstance(used.get("policy"), dict):  # the policy this method ran, not the node's base policy
-                    used["policy"] = {**used["policy"], **recorded_policy(record)}
+                policy = used.get("policy")
+                if isinstance(policy, BaseModel):  # Kedro 1.7 gives typed nodes their parameters as models
+                    policy = policy.model_dump()
+                if isinstance(policy, dict):  # the policy this method ran, not the node's base policy
+                    used["policy"] = {**policy, **recorded_policy(record)}
                 self._log_params(run_id, used)
         return self._method_runs[method]
 

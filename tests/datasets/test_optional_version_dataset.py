@@ -30,3 +30,9 @@ def test_it_is_read_only_and_wraps_versioned_datasets_only(tmp_path):
         OptionalVersionDataset(dataset={"filepath": "x"})
     with pytest.raises(DatasetError, match="wraps a versioned dataset"):
         OptionalVersionDataset(dataset=JSONLinesDataset(filepath=str(tmp_path / "b.jsonl")))
+
+
+def test_it_always_exists(tmp_path):
+    dataset = OptionalVersionDataset(dataset={"type": "prorag.datasets.JSONLinesDataset",
+                                              "filepath": str(tmp_path / "never.jsonl")})
+    assert dataset.exists() and isinstance(dataset.load(), Missing)

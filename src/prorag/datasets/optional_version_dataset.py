@@ -58,6 +58,9 @@ class OptionalVersionDataset(AbstractDataset[None, Available | Missing]):
         except VersionNotFoundError as error:
             return Missing(f"{self._dataset._filepath} has no usable version ({error})")  # type: ignore[attr-defined]
 
+    def _exists(self) -> bool:
+        return True  # it always loads: the data, or why there is none
+
     def save(self, data: None) -> None:
         raise DatasetError("OptionalVersionDataset is read-only: the wrapped dataset is saved by the pipeline that "
                            "makes it")
