@@ -20,6 +20,7 @@ from prorag.agent.trajectory import Rollout, Segment
 from prorag.datasets import DirectoryDataset, JSONLinesDataset
 from prorag.hooks import MlflowTrackingHook
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
+from prorag.specs import PolicySpec
 
 SAVE_VERSION = "2026-01-01T00.00.00.000Z"
 QUESTIONS = [{"id": str(index), "question": f"Question {index}?", "golden_answers": ["Paris"], "dataset": "popqa"}
@@ -84,7 +85,8 @@ def concat(*sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def evaluate(trajectories: list[dict[str, Any]]) -> dict[str, Any]:
     methods = sorted({record["method"] for record in trajectories})
-    return {method: {"popqa": {"cem": 0.5 + index / 4}, "all": {"cem": 0.5 + index / 4, "n": 3}}
+    return {method: {"popqa": {"cem": 0.5 + index / 4, "f1": 0.6}, "all": {"cem": 0.5 + index / 4, "n": 3},
+                     "macro": {"cem": 0.5 + index / 4, "cem_low": 0.25, "format_rate": 1.0}}
             for index, method in enumerate(methods)}
 
 
@@ -131,7 +133,8 @@ def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
     # artifacts beside the store (the default root is the ./mlruns of the directory the store was opened from)
     mlflow.create_experiment("hooks-test", artifact_location=(tmp_path / "mlruns").as_uri())
     parameters = {"data": {"limit": 3}, "sft": {"lr": 0.1, "api_key": "sk-secret"},
-                  "policy": {"model": BUNDLED_TINY_LLAMA, "dtype": "float32"},
+                  # a model, as Kedro 1.7 gives typed nodes their parameters (compare's arms read it so)
+                  "policy": PolicySpec(model=BUNDLED_TINY_LLAMA, dtype="float32"),
                   "tracking": {"experiment_name": "hooks-test", "trace_samples": 2, "system_metrics": False}}
     catalog = DataCatalog({
         "questions": JSONLinesDataset(filepath=str(tmp_path / "questions.jsonl")),
@@ -183,8 +186,20 @@ def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
     # the policy params of a method run are the policy that ran: the trained one names its adapter, not null
     assert trained.data.params["policy.adapter"].endswith("sft_adapter")
     assert base.data.params["policy.adapter"] == "null"
-    assert (base.data.metrics["evaluation.all.cem"], trained.data.metrics["evaluation.all.cem"]) == (0.5, 0.75)
-    assert trained.data.metrics["judge.by_dataset.popqa.osr"] == 1.0 and trained.data.metrics["judge.reward"] == 0.75
+    # the curated metrics, the same keys on every method run; every number in the run's table artifact
+    curated = {"evaluation.macro.cem", "evaluation.macro.format_rate", "evaluation.popqa.cem", "judge.osr",
+               "judge.reward"}
+    assert set(base.data.metrics) == set(trained.data.metrics) == curated
+    assert (base.data.metrics["evaluation.macro.cem"], trained.data.metrics["evaluation.macro.cem"]) == (0.5, 0.75)
+    assert trained.data.metrics["judge.reward"] == 0.75
+    table = mlflow.load_table("metrics_table.json", run_ids=[trained.info.run_id])
+    values = dict(zip(table["key"], table["value"], strict=True))
+    assert values["evaluation.all.cem"] == 0.75 and values["evaluation.macro.cem_low"] == 0.25
+    assert values["evaluation.popqa.f1"] == pytest.approx(0.6) and values["judge.by_dataset.popqa.osr"] == 1.0
+    assert set(values) == {*curated, "evaluation.all.cem", "evaluation.all.n", "evaluation.macro.cem_low",
+                           "evaluation.popqa.f1", "judge.by_dataset.popqa.osr"}
+    assert {key for key, flag in zip(table["key"], table["curated"], strict=True) if flag} == curated
+    assert set(table["output"]) == {"evaluation_metrics", "judge_metrics"}  # appended by each output
 
     traces = {run.info.run_name: mlflow.search_traces(locations=[experiment.experiment_id], run_id=run.info.run_id,
                                                       return_type="list") for run in (base, trained)}

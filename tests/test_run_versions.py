@@ -135,23 +135,22 @@ def test_a_killed_run_is_marked_killed_in_mlflow_and_its_manifest(tmp_path, mlfl
     assert manifest(tmp_path, A)["status"] == "killed"
 
 
-def test_compare_s_adapter_bundle_takes_completed_runs_and_load_versions(tmp_path):
-    """``trained_artifacts`` (a LatestVersionsDataset) is pinned entry by entry as plain inputs are: the newest
-    version from a completed run, or ``--load-versions``; an entry whose versions all come from failed runs loads
-    as missing with the reason (compare lists the arm as skipped), never as the failed run's adapter."""
-    from prorag.datasets import LatestVersionsDataset
+def test_compare_s_adapters_are_pinned_one_by_one_and_missing_ones_say_why(tmp_path, caplog):
+    """The adapters compare takes as optional inputs (its node's ``**artifacts``) are pinned as plain inputs are:
+    the newest version from a completed run, or ``--load-versions``; an adapter whose versions all come from failed
+    runs, or that has none, loads as Missing with the reason (compare lists the arm as skipped), never as the
+    failed run's adapter; a required input without a version still fails the run."""
+    from prorag.datasets import OptionalVersionDataset
+    from prorag.hooks import optional_inputs
+    from prorag.tracking.missing_inputs import Available, Missing
 
-    def entry(name: str) -> dict:
-        return {"type": "prorag.datasets.JSONLinesDataset", "filepath": str(tmp_path / "data" / f"{name}.jsonl"),
-                "made_by": f"train_{name}"}
+    adapters = ("sft_adapter", "dpo_adapter", "rl_adapter", "tearag_adapter")
 
-    def catalog(run_id: str) -> DataCatalog:
-        base = catalog_for(tmp_path, run_id)
-        for name in ("sft_adapter", "dpo_adapter", "rl_adapter"):
+    def catalog(run_id: str, load_versions: dict[str, str] | None = None) -> DataCatalog:
+        base = catalog_for(tmp_path, run_id, load_versions)
+        for name in adapters:
             base[name] = JSONLinesDataset(filepath=str(tmp_path / "data" / f"{name}.jsonl"),
-                                          version=Version(None, run_id))
-        base["trained_artifacts"] = LatestVersionsDataset(datasets={
-            name: entry(name) for name in ("sft_adapter", "dpo_adapter", "rl_adapter", "tearag_adapter")})
+                                          version=Version((load_versions or {}).get(name), run_id))
         return base
 
     def train(run_id: str, name: str, fail: bool = False) -> None:
@@ -169,24 +168,47 @@ def test_compare_s_adapter_bundle_takes_completed_runs_and_load_versions(tmp_pat
     train(C, "dpo_adapter", fail=True)  # its only version is from a failed run
     train(D, "rl_adapter")
     train(E, "rl_adapter")
-    compare = Pipeline([node(lambda artifacts: None, "trained_artifacts", "judged", name="compare")])
+
+    def compare_rollouts(params: object, **artifacts: object) -> None:
+        return None
+
+    compare = Pipeline([node(compare_rollouts, {"params": "params:compare", **{name: name for name in adapters}},
+                             "judged", name="compare")])
+    assert optional_inputs(compare) == set(adapters)
 
     def compare_run(run_id: str, load_versions: dict[str, str] | None = None) -> dict:
-        data = catalog(run_id)
+        data = catalog(run_id, load_versions)
         hook = RunVersionHook()
         hook.after_catalog_created(data)
         hook.before_pipeline_run({"run_id": run_id, "project_path": str(tmp_path), "pipeline_names": ["compare"],
                                   "load_versions": load_versions or {}}, compare, data)
-        loaded = data.load("trained_artifacts")
+        assert all(isinstance(data.get(name), OptionalVersionDataset) for name in adapters)
+        loaded = {name: data.load(name) for name in adapters}
         hook.after_pipeline_run()
         return loaded
 
     loaded = compare_run(F)
-    assert loaded["sft_adapter"]["data"] == [{"adapter": A}] and loaded["sft_adapter"]["version"] == A
-    assert loaded["rl_adapter"]["version"] == E
-    assert loaded["dpo_adapter"]["data"] is None and "no stored version comes from a completed run" in \
-        loaded["dpo_adapter"]["reason"] and f"{C} (failed)" in loaded["dpo_adapter"]["reason"]
-    assert loaded["tearag_adapter"] == {"data": None, "version": None, "made_by": "train_tearag_adapter"}
-    assert manifest(tmp_path, F)["loaded"] == {"sft_adapter": A, "rl_adapter": E}
+    assert loaded["sft_adapter"] == Available([{"adapter": A}], A)
+    assert loaded["rl_adapter"] == Available([{"adapter": E}], E)
+    assert isinstance(loaded["dpo_adapter"], Missing)
+    assert "dpo_adapter: no stored version comes from a completed run" in loaded["dpo_adapter"].reason
+    assert f"{C} (failed)" in loaded["dpo_adapter"].reason and "--load-versions=dpo_adapter:" in \
+        loaded["dpo_adapter"].reason
+    assert loaded["tearag_adapter"] == Missing("tearag_adapter has no version yet, and no registered pipeline "
+                                               "writes it")  # (the registered pipelines are named in a project)
+    assert {name: version for name, version in manifest(tmp_path, F)["loaded"].items() if name in adapters} == \
+        {"sft_adapter": A, "rl_adapter": E}
+    assert not [record for record in caplog.records if record.getMessage().startswith("Replacing dataset")]
     pinned = compare_run("2026-01-07T00.00.00.000Z", {"rl_adapter": D, "dpo_adapter": C})
-    assert pinned["rl_adapter"]["version"] == D and pinned["dpo_adapter"]["data"] == [{"adapter": C}]
+    assert pinned["rl_adapter"] == Available([{"adapter": D}], D)
+    assert pinned["dpo_adapter"] == Available([{"adapter": C}], C)
+
+    # the same adapter read by a node that needs it (rl from SFT) is required: without any version, the run fails
+    required = compare + Pipeline([node(lambda adapter: None, "tearag_adapter", "rl_out", name="needs_it")])
+    assert "tearag_adapter" not in optional_inputs(required)
+    data = catalog("2026-01-08T00.00.00.000Z")
+    hook = RunVersionHook()
+    hook.after_catalog_created(data)
+    with pytest.raises(RunVersionError, match="tearag_adapter has no version yet"):
+        hook.before_pipeline_run({"run_id": "2026-01-08T00.00.00.000Z", "project_path": str(tmp_path),
+                                  "pipeline_names": ["x"]}, required, data)

@@ -221,6 +221,12 @@ def test_method_errors_are_found_when_the_context_is_created(tmp_path):
                                                  {"name": "x", "method": "hiprgg", "adapter": "rl_adapter"}]}
     with pytest.raises(ParameterError, match=r"method 'hiprgg' is not a methods entry; did you mean 'hiprag'"):
         check_method_references({**parameters, "compare": bad_arm}, catalog)
+    unknown_adapter = {**parameters["compare"], "arms": [*parameters["compare"]["arms"],
+                                                         {"name": "x", "method": "hiprag", "adapter": "kg_report"}]}
+    with pytest.raises(ParameterError, match=r"adapter 'kg_report' is not an adapter of the methods map, which "
+                                             r"compare takes \(dpo_adapter, multistage_adapter, rl_adapter, "
+                                             r"search_r1_adapter, sft_adapter, tearag_adapter\)"):
+        check_method_references({**parameters, "compare": unknown_adapter}, catalog)
     renamed = {**parameters, "methods": {**parameters["methods"],
                                          "hiprag": {**parameters["methods"]["hiprag"], "recipe": "rl_from_sft"}}}
     with pytest.raises(ParameterError, match=r"methods\.hiprag: recipe/adapter rl_from_sft/rl_adapter differ"):

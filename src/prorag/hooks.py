@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import inspect
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ import mlflow
 from kedro.config import MissingConfigException
 from kedro.framework.context import KedroContext
 from kedro.framework.hooks import hook_impl
-from kedro.io import AbstractVersionedDataset, DataCatalog, DatasetError, Version
+from kedro.io import AbstractDataset, AbstractVersionedDataset, DataCatalog, DatasetError, Version
 from kedro.pipeline import Node, Pipeline
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
@@ -29,8 +30,8 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from pydantic import BaseModel
 
 from prorag.config import ParameterError, parse_parameters, validate_parameters
-from prorag.datasets import DirectoryDataset
-from prorag.datasets.latest_versions_dataset import stored_versions
+from prorag.datasets import DirectoryDataset, OptionalVersionDataset
+from prorag.datasets.optional_version_dataset import stored_versions
 from prorag.tracking import (
     TrackingParams,
     default_tracking_uri,
@@ -40,7 +41,13 @@ from prorag.tracking import (
     redact,
     redact_text,
 )
-from prorag.tracking.missing_inputs import PipelineShape, check_inputs_have_versions
+from prorag.tracking.missing_inputs import (
+    Available,
+    PipelineShape,
+    check_inputs_have_versions,
+    missing_input_line,
+    producers,
+)
 from prorag.tracking.model_reference import BackgroundUploads, log_model_folder
 from prorag.tracking.run_manifest import RunManifest, RunManifests, choose_load_versions, process_alive
 from prorag.tracking.runs import (
@@ -49,12 +56,14 @@ from prorag.tracking.runs import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
     KIND_TAG,
+    METHOD_METRICS_TABLE,
     METHOD_TAG,
     POLICY_TAG,
     PROTOCOL_TAG,
     STAGE_TAG,
     adapter_key,
     dataset_input,
+    is_curated_method_metric,
     is_peft_adapter,
     is_rollout_records,
     recorded_policy,
@@ -156,7 +165,10 @@ class RunVersionHook:
     pipelines that write it (:func:`~prorag.tracking.missing_inputs.check_inputs_have_versions`); every other
     versioned input without a ``--load-versions`` pin is pinned to the newest
     version saved by a *completed* run, and the chosen versions must share their lineage, else the run fails
-    naming both versions (:func:`~prorag.tracking.run_manifest.choose_load_versions`). The run's manifest in
+    naming both versions (:func:`~prorag.tracking.run_manifest.choose_load_versions`). An optional input
+    (:func:`optional_inputs`: compare's adapters) is pinned the same way, each on its own, and loads through an
+    :class:`~prorag.datasets.OptionalVersionDataset`: ``Available(data, version)``, or ``Missing(reason)`` when no
+    version is usable (none saved, or only by runs that did not complete). The run's manifest in
     :data:`RUN_MANIFEST_DIR` records what it loaded and saved and ends ``completed``, ``failed`` or ``killed``.
     """
 
@@ -180,14 +192,23 @@ class RunVersionHook:
                      if (dataset := _versioned(catalog, name)) is not None}
         available = {name: stored_versions(dataset) for name, dataset in versioned.items()}
         pins = run_params.get("load_versions") or {}
-        check_inputs_have_versions([name for name, versions in available.items() if not versions and name not in pins],
+        optional = optional_inputs(pipeline) & set(versioned)
+        required = {name: versions for name, versions in available.items() if name not in optional}
+        check_inputs_have_versions([name for name, versions in required.items() if not versions and name not in pins],
                                    _registered_pipeline_shapes(), lambda name: _has_data(catalog, name))
-        chosen = choose_load_versions(available, manifests, pins)
+        chosen = choose_load_versions(required, manifests, pins)
         for name, version in chosen.items():
             dataset = versioned[name]
             if dataset._version.load != version and available[name][:1] != [version]:
-                catalog[name] = dataset._copy(_version=Version(version, dataset._version.save))
-        chosen = {**chosen, **_pin_bundles(catalog, pipeline.inputs(), manifests, pins)}
+                _replace(catalog, name, dataset._copy(_version=Version(version, dataset._version.save)))
+        for name in sorted(optional):
+            version, reason = _optional_version(catalog, name, available[name], manifests, pins)
+            dataset = versioned[name]
+            if version is not None:
+                chosen[name] = version
+                dataset = dataset._copy(_version=Version(version, dataset._version.save))
+            _replace(catalog, name, OptionalVersionDataset(dataset=dataset, reason=reason,
+                                                           metadata=getattr(dataset, "metadata", None)))
         self._manifest = RunManifest(run_id=run_params["run_id"], pipelines=run_params.get("pipeline_names")
                                      or ["__default__"], loaded=chosen)
         manifests.write(self._manifest)
@@ -223,36 +244,66 @@ class RunVersionHook:
         self._manifest = None
 
 
-def _pin_bundles(catalog: DataCatalog, inputs: Iterable[str], manifests: RunManifests,
-                 pins: Mapping[str, str]) -> dict[str, str]:
-    """Pin every entry of the :class:`~prorag.datasets.LatestVersionsDataset` inputs (compare's
-    ``trained_artifacts``) as plain inputs are pinned: ``--load-versions`` first, else the newest version saved by a
-    completed run; an entry whose stored versions all come from runs that did not complete loads as missing, with
-    the reason (compare lists its arm as skipped). Each entry is its own arm, so their lineages are not compared.
-    Returns the chosen ``{entry: version}``."""
-    from prorag.datasets import LatestVersionsDataset
+OPTIONAL_ARTIFACTS: Final = "artifacts"
+"""The ``**kwargs`` parameter of a node function through which the node takes optional inputs (compare's
+``run_compare_rollouts``: each trained adapter and the knowledge graph)."""
 
-    chosen: dict[str, str] = {}
-    for name in sorted(inputs):
-        bundle = catalog.get(name) if name in catalog else None
-        if not isinstance(bundle, LatestVersionsDataset):
-            continue
-        versions: dict[str, str | None] = {}
-        reasons: dict[str, str] = {}
-        for entry in bundle.names:
-            stored = bundle.versions(entry)
-            usable = pins.get(entry) or next((version for version in stored if manifests.usable(version)), None)
-            if usable is None and stored:
-                statuses = ", ".join(f"{version} ({manifests.status(version)})" for version in stored[:3])
-                reasons[entry] = (f"no stored version comes from a completed run ({statuses}); re-run its pipeline, "
-                                  f"or choose one with --load-versions={entry}:<version>")
-                logger.warning("%s.%s: %s", name, entry, reasons[entry])
-            if stored or entry in pins:
-                versions[entry] = usable
-            if usable is not None:
-                chosen[entry] = usable
-        catalog[name] = bundle.pinned(versions, reasons)
-    return chosen
+
+def optional_inputs(pipeline: Pipeline) -> set[str]:
+    """The inputs that ``pipeline``'s nodes read only as optional: those a node passes to its function's
+    ``**artifacts`` (:data:`OPTIONAL_ARTIFACTS`). An input that another node of the run needs stays required (e.g.
+    ``sft_adapter`` in ``kedro run --pipelines=train_rl,compare``)."""
+    optional: set[str] = set()
+    required: set[str] = set()
+    for node in pipeline.nodes:
+        through = _optional_node_inputs(node)
+        optional.update(through)
+        required.update(set(node.inputs) - through)
+    return optional - required
+
+
+def _optional_node_inputs(node: Node) -> set[str]:
+    parameters = inspect.signature(node.func).parameters.values()
+    if not any(parameter.kind is parameter.VAR_KEYWORD and parameter.name == OPTIONAL_ARTIFACTS
+               for parameter in parameters):
+        return set()
+    named = [parameter for parameter in parameters if parameter.kind is not parameter.VAR_KEYWORD]
+    return set(node.inputs[len(named):])  # Kedro orders dict inputs as bound: the named ones, then **artifacts
+
+
+def _optional_version(catalog: DataCatalog, name: str, stored: list[str], manifests: RunManifests,
+                      pins: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The version an optional input loads — its ``--load-versions`` pin, else the newest version saved by a
+    completed run — or None and why there is none (the inputs are independent, so lineages are not compared)."""
+    version = pins.get(name) or next((version for version in stored if manifests.usable(version)), None)
+    if version is not None:
+        return version, None
+    if stored:
+        statuses = ", ".join(f"{version} ({manifests.status(version)})" for version in stored[:3])
+        reason = (f"{name}: no stored version comes from a completed run ({statuses}); re-run its pipeline, or "
+                  f"choose one with --load-versions={name}:<version>")
+        logger.warning("%s", reason)
+    else:  # never made: the node says what it skips
+        reason = missing_input_line(name, producers(name, _registered_pipeline_shapes(),
+                                                    lambda dataset: _has_data(catalog, dataset)))
+    return None, reason
+
+
+class _WithoutReplacingWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "Replacing dataset '%s'"
+
+
+def _replace(catalog: DataCatalog, name: str, dataset: AbstractDataset) -> None:
+    """``catalog[name] = dataset`` without Kedro's "Replacing dataset" warning: the hook replaces an input by the
+    version it pins on purpose, and the warning would read as a problem on every run."""
+    kedro_logger = logging.getLogger(DataCatalog.__module__)  # the catalog's own logger (its class may be derived)
+    quiet = _WithoutReplacingWarning()
+    kedro_logger.addFilter(quiet)
+    try:
+        catalog[name] = dataset
+    finally:
+        kedro_logger.removeFilter(quiet)
 
 
 def _registered_pipeline_shapes() -> list[PipelineShape]:
@@ -420,8 +471,11 @@ class MlflowTrackingHook:
     def after_dataset_loaded(self, dataset_name: str, data: Any, node: Node) -> None:
         if not self._run_active:
             return
-        if isinstance(data, str) and self._catalog is not None and dataset_name in self._catalog \
-                and isinstance(self._catalog.get(dataset_name), DirectoryDataset):
+        dataset = self._catalog.get(dataset_name) if self._catalog is not None and dataset_name in self._catalog \
+            else None
+        if isinstance(dataset, OptionalVersionDataset) and isinstance(data, Available):
+            dataset, data = dataset.dataset, data.data
+        if isinstance(data, str) and isinstance(dataset, DirectoryDataset):
             self._adapter_names[adapter_key(data)] = dataset_name
         if dataset_name in self._settings.input_datasets:
             self._log_input(dataset_name, data, _file_of(_local_path(self._catalog, dataset_name, saved=False)), node)
@@ -575,8 +629,11 @@ class MlflowTrackingHook:
             self._method_runs[method] = run_id = self._child_run(f"{method} ({policy})", tags)
             if node is not None:
                 used = _own_entry(_used_parameters([node], self._parameters, with_tracking=False), method)
-                if isinstance(used.get("policy"), dict):  # the policy this method ran, not the node's base policy
-                    used["policy"] = {**used["policy"], **recorded_policy(record)}
+                policy = used.get("policy")
+                if isinstance(policy, BaseModel):  # Kedro 1.7 gives typed nodes their parameters as models
+                    policy = policy.model_dump()
+                if isinstance(policy, dict):  # the policy this method ran, not the node's base policy
+                    used["policy"] = {**policy, **recorded_policy(record)}
                 self._log_params(run_id, used)
         return self._method_runs[method]
 
@@ -590,8 +647,20 @@ class MlflowTrackingHook:
         for method, values in methods.items():
             if method not in self._method_runs:
                 self._method_runs[method] = self._child_run(method, {KIND_TAG: "method", METHOD_TAG: method})
-            _log_batch(self._client, self._method_runs[method], metric_series(f"{prefix}_metrics", values))
+            series = list(metric_series(f"{prefix}_metrics", values))
+            _log_batch(self._client, self._method_runs[method],
+                       [item for item in series if is_curated_method_metric(item[0])])
+            self._safely("the metrics table", self._log_metrics_table, self._method_runs[method], name, series)
         _log_batch(self._client, stage_run, metric_series(name, rest))
+
+    def _log_metrics_table(self, run_id: str, output: str, series: list[tuple[str, float, int | None]]) -> None:
+        """Every number of a method's part of ``output`` as rows of the run's table artifact (appended: a method
+        run gets the evaluation's and the judge's)."""
+        if series:
+            self._client.log_table(run_id, {"key": [key for key, _, _ in series],
+                                            "value": [value for _, value, _ in series],
+                                            "curated": [is_curated_method_metric(key) for key, _, _ in series],
+                                            "output": [output] * len(series)}, METHOD_METRICS_TABLE)
 
     def _trace_rollouts(self, records: list[dict[str, Any]], node: Node | None, started_ns: int | None) -> None:
         """Method runs for the rollouts' methods, and a trace for each sampled rollout not traced yet."""

@@ -46,6 +46,11 @@ method's (``stages`` of a resolved entry)."""
 AGENT_BLOCKS: Final = ("tearag",)
 """Stage blocks that carry the agent they train (TeaRAG's block): it is the method's ``agent``."""
 
+RECIPE_ADAPTERS: Final[dict[str, tuple[str, ...]]] = {"sft_rl": ("sft_adapter",)}
+"""Adapters a recipe trains besides its method's ``adapter`` that ``compare`` evaluates (HiPRAG's SFT stage)."""
+KNOWLEDGE_GRAPH: Final = "knowledge_graph"
+"""The dataset the ``kag`` retrievers need (``kedro run --pipelines=kg_extraction``)."""
+
 STAGE_OWNERS: Final[dict[str, str]] = {"tearag": "tearag"}
 """Top-level stage blocks whose agent and retriever are a method's (the standalone ``tearag`` pipeline trains
 that method)."""
@@ -56,7 +61,7 @@ class MethodEntry(StrictModel):
 
     recipe: Recipe
     adapter: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_]+$")
-    """The ``trained_artifacts`` entry (a catalog dataset) the method's trained policy is saved as."""
+    """The catalog dataset the method's trained policy is saved as (an input of ``compare``)."""
     description: str = ""
     agent: dict[str, Any] = Field(default_factory=dict)
     reward: dict[str, Any] = Field(default_factory=dict)
@@ -68,6 +73,16 @@ class MethodEntry(StrictModel):
         if extra:
             raise ValueError(f"methods.{name}.stages: {extra} are not stages of recipe {self.recipe!r} "
                              f"({', '.join(RECIPE_STAGES[self.recipe])})")
+
+
+def compare_artifacts(methods: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The trained datasets ``compare`` takes as inputs, one per adapter of the ``methods`` map (each method's
+    ``adapter``, and those of :data:`RECIPE_ADAPTERS`) and the knowledge graph: each is optional there (an arm
+    whose adapter has no usable version is skipped, naming why)."""
+    names = [*(method.get("adapter") for method in methods.values()),
+             *(extra for method in methods.values() for extra in RECIPE_ADAPTERS.get(method.get("recipe"), ())),
+             KNOWLEDGE_GRAPH]
+    return list(dict.fromkeys(name for name in names if name))
 
 
 def merge(base: Mapping[str, Any] | None, override: Mapping[str, Any] | None) -> dict[str, Any]:

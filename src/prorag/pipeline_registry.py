@@ -25,7 +25,7 @@ from typing import Any
 from kedro.pipeline import Node, Pipeline, pipeline
 
 from prorag.config_loader import ProjectConfigLoader
-from prorag.methods import RECIPE_STAGES
+from prorag.methods import RECIPE_STAGES, compare_artifacts
 from prorag.pipelines import (
     compare,
     corpus_indexing,
@@ -103,9 +103,11 @@ def register_pipelines() -> dict[str, Pipeline]:
         "reasonrag_data": reasonrag_data.create_pipeline(),
         "dpo": dpo.create_pipeline(),
         "tearag": tearag.create_pipeline(),
-        # compare: every arm (baselines, base agent, each trained method's latest adapter) on the same dev questions
+        # compare: every arm (baselines, base agent, each trained method's latest adapter — each adapter of the methods
+        # map its own input) on the same dev questions
         # of every dataset → comparison.csv / .md, paired tests, plots (run after the training pipelines you want)
-        "compare": compare.create_pipeline(judging=reward_judging.create_pipeline()),
+        "compare": compare.create_pipeline(judging=reward_judging.create_pipeline(),
+                                           artifacts=compare_artifacts(methods)),
     }
     # the stage pipelines of a method with its own agent read that method's parameters when run alone
     for stage, owner in (("reasonrag_data", "reasonrag"), ("dpo", "reasonrag"), ("tearag", "tearag")):

@@ -24,6 +24,7 @@ from prorag.pipelines.reward_judging.params import RewardJudgingParams
 from prorag.rewards.base import RewardSettings, ScoringContext
 from prorag.rewards.registry import check_reward_protocol, register_reward, reward_kinds, unregister_reward
 from prorag.specs import PolicySpec, RetrieverSpec, SamplingSpec, TrainedAgentSpec
+from prorag.tracking.missing_inputs import Available
 from prorag.training.config import GRPOSettings
 from prorag.training.trl_grpo import AgentRolloutFunction, train_grpo_lora
 
@@ -99,14 +100,15 @@ def test_a_fifth_method_runs_through_rollout_reward_grpo_compare_and_judging(inf
     assert any("rewards/gain/mean" in entry for entry in history)
 
     # compare: the trained adapter is one more arm beside a baseline, on the same questions
-    artifacts = {"info_gain_adapter": {"data": str(adapter), "version": "test", "made_by": "train_info_gain"}}
+    artifacts = {"info_gain_adapter": Available(str(adapter), "test")}  # as compare's optional input loads it
     params = CompareParams(questions={"max_per_source": 1}, retriever={"kind": "bm25", "top_k": 2},
                            arms=[{"name": "standard_rag", "method": {"kind": "standard_rag", "max_new_tokens": 8}},
                                  {"name": "info_gain_grpo", "method": "info_gain", "adapter": "info_gain_adapter"}],
                            bootstrap_resamples=100, permutation_resamples=99)
     methods = {"info_gain": {"recipe": "rl_from_sft", "adapter": "info_gain_adapter", "agent": AGENT.model_dump(),
                              "reward": ENTRY, "retriever": {"kind": "bm25", "top_k": 2}}}  # its conf entry, resolved
-    records, arms = run_compare_rollouts(questions[:2], index, artifacts, params, TINY, methods, KgExtractionParams())
+    records, arms = run_compare_rollouts(questions[:2], index, params, TINY, methods, KgExtractionParams(),
+                                         **artifacts)
     assert dict(zip(arms["arm"], arms["status"], strict=True)) == {"standard_rag": "ran", "info_gain_grpo": "ran"}
     trained = [record for record in records if record["method"] == "info_gain_grpo"]
     assert {record["question_key"] for record in trained} == {question.key for question in chosen}

@@ -13,6 +13,7 @@ from prorag.tracking.runs import (
     POLICY_METADATA_KEY,
     adapter_key,
     dataset_input,
+    is_curated_method_metric,
     is_peft_adapter,
     rollout_policy,
     split_method_metrics,
@@ -42,6 +43,16 @@ def test_per_method_metrics_are_split_from_the_rest():
     assert (prefix, list(methods)) == ("evaluation", ["hiprag_rl"])  # compare's arms: the evaluation keys too
     assert split_method_metrics("sft_metrics", {"loss": 1}) is None
     assert split_method_metrics("judge_metrics", [{"step": 1}]) is None
+
+
+def test_a_method_run_logs_the_curated_keys_of_any_pipeline():
+    curated = ["evaluation.macro.cem", "evaluation.macro.f1", "evaluation.macro.format_rate",
+               "evaluation.macro.avg_retrieval_count", "evaluation.macro.avg_generated_tokens", "evaluation.nq.cem",
+               "evaluation.bamboogle.cem", "judge.osr", "judge.usr", "judge.reward"]
+    table_only = ["evaluation.all.cem", "evaluation.macro.cem_low", "evaluation.nq.f1", "evaluation.nq.osr",
+                  "evaluation.macro.stop_answer", "judge.by_dataset.nq.osr", "judge.pooled_osr", "evaluation.cem",
+                  "evaluation.nq.cem.x"]
+    assert [key for key in curated + table_only if is_curated_method_metric(key)] == curated
 
 
 def test_the_policy_metadata_key_is_the_rollouts():

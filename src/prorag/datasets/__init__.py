@@ -3,9 +3,9 @@
 from prorag.datasets.directory_dataset import DirectoryDataset
 from prorag.datasets.jsonl_dataset import JSONLinesDataset
 from prorag.datasets.knowledge_graph_dataset import KnowledgeGraphDataset
-from prorag.datasets.latest_versions_dataset import LatestVersionsDataset
+from prorag.datasets.optional_version_dataset import OptionalVersionDataset
 from prorag.datasets.raw_files_dataset import RawFilesDataset
 from prorag.datasets.retrieval_index_dataset import RetrievalIndexDataset
 
-__all__ = ["DirectoryDataset", "JSONLinesDataset", "KnowledgeGraphDataset", "LatestVersionsDataset", "RawFilesDataset",
-           "RetrievalIndexDataset"]
+__all__ = ["DirectoryDataset", "JSONLinesDataset", "KnowledgeGraphDataset", "OptionalVersionDataset",
+           "RawFilesDataset", "RetrievalIndexDataset"]

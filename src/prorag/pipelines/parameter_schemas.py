@@ -15,7 +15,7 @@ from pydantic import BaseModel, create_model, model_validator
 
 from prorag.config import PARAMETER_SCHEMAS as DECORATED_SCHEMAS
 from prorag.config import ParameterError, StrictModel
-from prorag.methods import RECIPE_STAGES, Recipe
+from prorag.methods import KNOWLEDGE_GRAPH, RECIPE_STAGES, Recipe, compare_artifacts
 from prorag.pipelines.compare.params import CompareParams
 from prorag.pipelines.corpus_indexing.params import CorpusIndexingParams
 from prorag.pipelines.data_preparation.params import DataPreparationParams
@@ -126,19 +126,17 @@ def all_parameter_schemas() -> dict[str, type[BaseModel]]:
 def check_method_references(parameters: Mapping[str, Any], catalog: Mapping[str, Any],
                             registered: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """What the schemas cannot see: every ``compare`` arm names a ``methods`` entry that exists, every adapter a
-    method or an arm names is a catalog dataset and a ``trained_artifacts`` entry, and (given the methods the
+    method names is a catalog dataset, every adapter an arm names is an input of ``compare`` (an adapter of the
+    methods map, :func:`prorag.methods.compare_artifacts`), and (given the methods the
     pipeline registry built ``train_<method>`` from) the run's env declares the same methods with the same recipes
     and adapters."""
     methods = dict(parameters.get("methods") or {})
-    artifacts = set((catalog.get("trained_artifacts") or {}).get("datasets") or {})
+    artifacts = set(compare_artifacts(methods)) - {KNOWLEDGE_GRAPH}
     problems = []
     for name, method in methods.items():
         adapter = method.get("adapter")
         if adapter not in catalog:
             problems.append(f"methods.{name}.adapter: {adapter!r} is not a catalog dataset (conf/base/catalog.yml)")
-        elif artifacts and adapter not in artifacts:
-            problems.append(f"methods.{name}.adapter: {adapter!r} is not a trained_artifacts entry, so compare "
-                            "cannot evaluate it (conf/base/catalog.yml)")
     for index, arm in enumerate((parameters.get("compare") or {}).get("arms") or []):
         method = arm.get("method")
         if isinstance(method, str) and method not in methods:
@@ -147,9 +145,9 @@ def check_method_references(parameters: Mapping[str, Any], catalog: Mapping[str,
             problems.append(f"compare.arms[{index}] ({arm.get('name')}): method {method!r} is not a methods "
                             f"entry{hint} (known: {', '.join(sorted(methods))})")
         adapter = arm.get("adapter")
-        if adapter is not None and artifacts and adapter not in artifacts:
-            problems.append(f"compare.arms[{index}] ({arm.get('name')}): adapter {adapter!r} is not a "
-                            f"trained_artifacts entry ({', '.join(sorted(artifacts))})")
+        if adapter is not None and adapter not in artifacts:
+            problems.append(f"compare.arms[{index}] ({arm.get('name')}): adapter {adapter!r} is not an adapter of "
+                            f"the methods map, which compare takes ({', '.join(sorted(artifacts))})")
     if registered is not None:
         for name in sorted(set(methods) | set(registered)):
             declared, built = methods.get(name), registered.get(name)

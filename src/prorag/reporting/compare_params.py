@@ -21,8 +21,9 @@ class CompareArm(StrictModel):
 
     ``method`` is either the name of a ``methods`` entry (the arm runs that method's agent — protocol, budgets —
     and retriever, exactly as the method trains it) or inline settings (a baseline, or a prompted agent with its
-    own budgets). ``adapter`` names an entry of the ``trained_artifacts`` dataset (e.g. ``sft_adapter``): the arm
-    runs that adapter's latest version, and is skipped — with the pipeline that makes it — while none exists.
+    own budgets). ``adapter`` names an adapter of the methods map (a catalog dataset that ``compare`` takes as an
+    input, e.g. ``sft_adapter``): the arm runs its pinned version (the newest from a completed run, or
+    ``--load-versions``), and is skipped — with the reason and the pipeline that makes it — while none is usable.
     """
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")

@@ -1,4 +1,5 @@
-"""Inputs that have no saved version yet, and which registered pipeline to run first. Kedro-free;
+"""Inputs that have no saved version yet, and which registered pipeline to run first; the values an optional input
+loads as (:class:`Available`, :class:`Missing`). Kedro-free;
 :class:`prorag.hooks.RunVersionHook` applies it before any node runs.
 
 Without this, ``kedro run --pipelines=train_rl`` on a fresh project runs its first nodes and only then fails on a
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prorag.tracking.run_manifest import RunVersionError
 
@@ -64,3 +66,18 @@ def check_inputs_have_versions(missing: Sequence[str], pipelines: Sequence[Pipel
     if len(lines) == 1:
         raise MissingInputError(lines[0])
     raise MissingInputError(f"{len(lines)} inputs of this run have no version yet:\n  " + "\n  ".join(lines))
+
+
+@dataclass(frozen=True)
+class Available:
+    """An optional input that has a usable version: its data and that version."""
+
+    data: Any
+    version: str
+
+
+@dataclass(frozen=True)
+class Missing:
+    """An optional input without a usable version, and why (with what makes one)."""
+
+    reason: str

@@ -7,9 +7,10 @@ A ``kedro run`` is one *parent* run with two kinds of children (tag ``prorag.kin
   or the node's namespace when it has one (``sft.run_policy_rollouts`` belongs to ``sft``). It holds the
   metrics of those nodes (live training curves included: it is the active run while its node runs), their
   reports and models.
-* a **method** run per evaluated method (``hiprag``, ``hiprag_agent_sft``, ...): its evaluation and judge metrics
-  under the same keys for every method (``evaluation.<dataset>.<metric>``, ``judge.<metric>``), so that base,
-  SFT and RL are rows of the runs table, and a sample of its rollouts as traces.
+* a **method** run per evaluated method (``hiprag``, ``hiprag_agent_sft``, ...): a curated set of its evaluation
+  and judge metrics (:func:`is_curated_method_metric`), the same keys for every method of every pipeline, so that
+  base, SFT and RL are rows of the runs table that MLflow's Compare lines up; every number in one table artifact
+  (:data:`METHOD_METRICS_TABLE`); and a sample of its rollouts as traces.
 """
 
 from __future__ import annotations
@@ -47,6 +48,21 @@ PER_METHOD_METRICS: Final = {"evaluation_metrics": "evaluation", "judge_metrics"
 its method run: ``tearag_evaluation_metrics``, ``evaluation_metrics`` and ``compare``'s ``comparison_metrics`` share
 keys (``evaluation.macro.cem``, ``evaluation.<dataset>.cem``), so the method runs of any pipeline compare in the
 MLflow UI."""
+CURATED_METHOD_METRICS: Final = (
+    "evaluation.macro.cem", "evaluation.macro.em", "evaluation.macro.f1", "evaluation.macro.format_rate",
+    "evaluation.macro.avg_retrieval_count", "evaluation.macro.avg_generated_tokens", "evaluation.macro.lasj",
+    "judge.osr", "judge.usr", "judge.unknown_rate", "judge.reward",
+)
+"""The metrics a method run logs as MLflow metrics, besides ``evaluation.<dataset>.cem`` per dataset: answer
+quality macro-averaged over datasets (CEM, EM, F1; LLM-judge accuracy when ``compare.answer_judge`` is set), format
+rate, retrievals and generated tokens per question, the judge's over-/under-search rates, unknown-verdict rate and
+mean reward. ``evaluation.all.*`` (pooled over datasets, only the evaluation pipeline has it), intervals, stop
+reasons and the per-dataset judge figures are in the table artifact."""
+CURATED_PER_DATASET: Final = ("cem",)
+"""The per-dataset metrics a method run logs (``evaluation.<dataset>.cem``; not for ``all`` or ``macro``)."""
+METHOD_METRICS_TABLE: Final = "metrics_table.json"
+"""The artifact of a method run with every number its pipeline computed for it (``key``, ``value``, ``curated``),
+the curated metrics included: MLflow's ``log_table`` format, so ``mlflow.load_table`` reads it back."""
 EXPERIMENT_KIND_TAG: Final = "mlflow.experimentKind"
 EXPERIMENT_KIND: Final = "custom_model_development"
 """What MLflow 3's UI reads to open an experiment on the runs (model training) view, not the GenAI one."""
@@ -75,6 +91,16 @@ def split_method_metrics(name: str, data: Any) -> tuple[str, dict[str, Mapping[s
     methods = {str(key): value for key, value in data.items() if isinstance(value, Mapping)}
     rest = {str(key): value for key, value in data.items() if not isinstance(value, Mapping)}
     return PER_METHOD_METRICS[suffix], methods, rest
+
+
+def is_curated_method_metric(key: str) -> bool:
+    """Whether a method run logs ``key`` as a metric (:data:`CURATED_METHOD_METRICS`, ``evaluation.<dataset>.cem``)
+    rather than only in its :data:`METHOD_METRICS_TABLE`."""
+    if key in CURATED_METHOD_METRICS:
+        return True
+    parts = key.split(".")
+    return (len(parts) == 3 and parts[0] == "evaluation" and parts[1] not in ("all", "macro")
+            and parts[2] in CURATED_PER_DATASET)
 
 
 def is_rollout_records(data: Any) -> bool:

@@ -1,6 +1,7 @@
-"""The compare pipeline: every arm on the same questions (trained arms from their latest adapter version, untrained
-ones skipped with the pipeline that makes them), OSR/USR judging, an LLM answer judge over loopback HTTP, the
-table, paired tests, report and plots — with the tiny random policy (plumbing, fast)."""
+"""The compare pipeline: every arm on the same questions (trained arms from their adapter's pinned version,
+untrained ones skipped with the pipeline that makes them; each adapter of the methods map an input of compare),
+OSR/USR judging, an LLM answer judge over loopback HTTP, the table, paired tests, report and plots — with the tiny
+random policy (plumbing, fast)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from prorag.agent import producing_policy
 from prorag.agent.trajectory import Rollout
 from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.data import load_questions
-from prorag.datasets import DirectoryDataset, LatestVersionsDataset
+from prorag.datasets import DirectoryDataset, OptionalVersionDataset
+from prorag.hooks import optional_inputs
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
-from prorag.pipeline_registry import register_pipelines
+from prorag.methods import compare_artifacts
+from prorag.pipeline_registry import configured_methods, register_pipelines
 from prorag.pipelines.compare.nodes import (
     judge_compare_answers,
     report_comparison,
@@ -34,6 +37,7 @@ from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.rewards.hiprag import HiPRAGSettings
 from prorag.serving import create_app, serve_in_thread
 from prorag.specs import PolicySpec, TrainedAgentSpec
+from prorag.tracking.missing_inputs import Available, Missing, missing_input_line
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -73,26 +77,25 @@ def question_records() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory, tiny_lora_adapter: str) -> dict[str, dict[str, Any]]:
-    """sft_adapter saved as a versioned dataset; search_r1_adapter and the knowledge graph never trained."""
+def artifacts(tmp_path_factory, tiny_lora_adapter: str) -> dict[str, Any]:
+    """What compare's optional inputs load as (the run-version hook wraps them in OptionalVersionDataset):
+    sft_adapter saved as a versioned dataset; search_r1_adapter and the knowledge graph never trained."""
     root = tmp_path_factory.mktemp("models")
     DirectoryDataset(filepath=str(root / "sft_adapter"), version=Version(None, None)).save(tiny_lora_adapter)
-    entries = {
-        "sft_adapter": {"type": "prorag.datasets.DirectoryDataset", "filepath": str(root / "sft_adapter"),
-                        "made_by": "train_sft"},
-        "search_r1_adapter": {"type": "prorag.datasets.DirectoryDataset",
-                              "filepath": str(root / "search_r1_adapter"), "made_by": "train_search_r1"},
-        "knowledge_graph": {"type": "prorag.datasets.KnowledgeGraphDataset", "filepath": str(root / "kg"),
-                            "made_by": "kg_extraction"},
-    }
-    return LatestVersionsDataset(datasets=entries).load()
+    sft = OptionalVersionDataset(dataset={"type": "prorag.datasets.DirectoryDataset",
+                                          "filepath": str(root / "sft_adapter")})
+    never = OptionalVersionDataset(dataset=DirectoryDataset(filepath=str(root / "search_r1_adapter"),
+                                                            version=Version(None, None)),
+                                   reason=missing_input_line("search_r1_adapter", ["train_search_r1"]))
+    return {"sft_adapter": sft.load(), "search_r1_adapter": never.load(),
+            "knowledge_graph": Missing(missing_input_line("knowledge_graph", ["kg_extraction"]))}
 
 
 @pytest.fixture(scope="module")
 def compared(question_records, index, artifacts) -> tuple[list[dict[str, Any]], pd.DataFrame]:
     params = _params()
     selected = select_compare_questions(question_records, params)
-    return run_compare_rollouts(selected, index, artifacts, params, TINY, METHODS, KgExtractionParams())
+    return run_compare_rollouts(selected, index, params, TINY, METHODS, KgExtractionParams(), **artifacts)
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +105,11 @@ def judge_url(scripted_judge_model) -> Iterator[str]:
     stop()
 
 
-def test_latest_versions_dataset_loads_what_exists(artifacts):
-    assert Path(artifacts["sft_adapter"]["data"], "adapter_config.json").is_file()
-    assert artifacts["sft_adapter"]["version"]
-    assert artifacts["search_r1_adapter"] == {"data": None, "version": None, "made_by": "train_search_r1"}
-    assert artifacts["knowledge_graph"]["data"] is None
+def test_optional_inputs_load_what_exists(artifacts):
+    assert isinstance(artifacts["sft_adapter"], Available) and artifacts["sft_adapter"].version
+    assert Path(artifacts["sft_adapter"].data, "adapter_config.json").is_file()
+    assert artifacts["search_r1_adapter"] == Missing("search_r1_adapter has no version yet: "
+                                                     "run `kedro run --pipelines=train_search_r1` first")
 
 
 def test_every_arm_answers_the_same_questions_and_untrained_arms_say_what_makes_them(compared, artifacts):
@@ -119,12 +122,12 @@ def test_every_arm_answers_the_same_questions_and_untrained_arms_say_what_makes_
                                        "run `kedro run --pipelines=train_search_r1` first")
     assert reasons["tearag_ip_dpo"] == ("knowledge_graph has no version yet: "
                                         "run `kedro run --pipelines=kg_extraction` first")
-    assert arms.set_index("arm").loc["hiprag_sft", "adapter_version"]
+    assert arms.set_index("arm").loc["hiprag_sft", "adapter_version"] == artifacts["sft_adapter"].version
     keys = {method: {r["question_key"] for r in records if r["method"] == method} for method in status}
     assert len(keys["direct"]) == 2 * len(SOURCES)
     assert keys["direct"] == keys["standard_rag"] == keys["hiprag_base"] == keys["hiprag_sft"]
     sft = [Rollout.from_dict(r) for r in records if r["method"] == "hiprag_sft"]
-    assert all(producing_policy(r).adapter == artifacts["sft_adapter"]["data"] for r in sft)
+    assert all(producing_policy(r).adapter == artifacts["sft_adapter"].data for r in sft)
     assert all(producing_policy(Rollout.from_dict(r)).adapter is None for r in records if r["method"] == "direct")
     assert all(r.protocol == "hiprag" and r.generated_tokens <= 32 + 16 for r in sft)
 
@@ -132,7 +135,21 @@ def test_every_arm_answers_the_same_questions_and_untrained_arms_say_what_makes_
 def test_an_untrained_arm_is_an_error_when_skipping_is_off(question_records, index, artifacts):
     params = _params(skip_untrained=False)
     with pytest.raises(ValueError, match=r"search_r1_rl.*train_search_r1"):
-        run_compare_rollouts(question_records[:1], index, artifacts, params, TINY, METHODS, KgExtractionParams())
+        run_compare_rollouts(question_records[:1], index, params, TINY, METHODS, KgExtractionParams(), **artifacts)
+
+
+def test_an_adapter_this_run_trained_is_used_as_it_is(question_records, index, artifacts):
+    """``kedro run --pipelines=train_sft,compare``: compare gets the adapter the run saved (plain data)."""
+    params = _params(arms=_params().arms[1:2] + _params().arms[3:4])
+    _, arms = run_compare_rollouts(question_records[:1], index, params, TINY, METHODS, KgExtractionParams(),
+                                   sft_adapter=artifacts["sft_adapter"].data)
+    assert list(arms["status"]) == ["ran", "ran"] and list(arms["adapter_version"]) == ["", ""]
+
+
+def test_an_arm_naming_an_adapter_compare_does_not_take_is_an_error(question_records, index, artifacts):
+    params = _params(arms=[*_params().arms[:2], {"name": "x", "method": "hiprag", "adapter": "nowhere_adapter"}])
+    with pytest.raises(ValueError, match=r"'nowhere_adapter', not an input of compare"):
+        run_compare_rollouts(question_records[:1], index, params, TINY, METHODS, KgExtractionParams(), **artifacts)
 
 
 def test_table_tests_report_and_plots(compared, index, tmp_path):
@@ -193,9 +210,22 @@ def test_the_compare_pipeline_and_its_catalog_agree():
     assert "search_r1_adapter" in pipelines["train_search_r1"].all_outputs()
     assert "params:methods.search_r1.reward" in pipelines["train_search_r1"].all_inputs()
     catalog = OmegaConfigLoader(str(PROJECT_ROOT / "conf"), base_env="base", default_run_env="local")["catalog"]
-    for name, entry in catalog["trained_artifacts"]["datasets"].items():
-        assert (entry["type"], entry["filepath"]) == (catalog[name]["type"], catalog[name]["filepath"]), name
-        assert entry["made_by"] in pipelines and name in pipelines[entry["made_by"]].all_outputs(), name
+    # each adapter of the methods map is its own input of compare (kedro-viz draws adapter → compare), optional
+    # there, and written by its method's training pipeline
+    methods = configured_methods(PROJECT_ROOT)
+    artifacts = compare_artifacts(methods)
+    assert {method["adapter"] for method in methods.values()} | {"sft_adapter", "knowledge_graph"} == set(artifacts)
+    (rollouts,) = [node for node in pipelines["compare"].nodes if node.name == "compare.run_compare_rollouts"]
+    assert set(artifacts) <= set(rollouts.inputs)
+    assert optional_inputs(pipelines["compare"]) == set(artifacts)
+    assert "trained_artifacts" not in catalog and "trained_artifacts" not in pipelines["compare"].inputs()
+    for name in artifacts:
+        assert catalog[name]["versioned"] is True, name
+        assert any(name in pipe.all_outputs() for pipe in pipelines.values()), name
+    for name, method in methods.items():
+        assert method["adapter"] in pipelines[f"train_{name}"].all_outputs(), name
+    # a run that trains an adapter and compares: compare reads the trained one, which is then required
+    assert "sft_adapter" not in optional_inputs(pipelines["train_rl"] + pipelines["compare"])
     for output in {name for name in pipelines["compare"].all_outputs() if not name.endswith("_metrics")}:
         assert output in catalog, output
     parameters = OmegaConfigLoader(str(PROJECT_ROOT / "conf"), base_env="base", default_run_env="local")["parameters"]

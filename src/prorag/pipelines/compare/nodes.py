@@ -15,6 +15,7 @@ from prorag.data import Question, pick_questions
 from prorag.judges.factory import build_judge
 from prorag.kg.kag import attach_knowledge_graph
 from prorag.kg.params import KgExtractionParams
+from prorag.methods import KNOWLEDGE_GRAPH
 from prorag.pipelines.compare.params import CompareArm, CompareParams
 from prorag.reporting.comparison import (
     ComparisonInputs,
@@ -26,11 +27,10 @@ from prorag.reporting.comparison import (
 )
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import MethodSpec, PolicySpec, RetrieverSpec, TrainedAgentSpec
+from prorag.tracking.missing_inputs import Available, Missing
 
 logger = logging.getLogger(__name__)
 
-KNOWLEDGE_GRAPH = "knowledge_graph"
-"""The ``trained_artifacts`` entry the ``kag`` retrievers need."""
 
 
 def select_compare_questions(question_records: list[dict[str, Any]], params: CompareParams) -> list[dict[str, Any]]:
@@ -39,13 +39,14 @@ def select_compare_questions(question_records: list[dict[str, Any]], params: Com
     return pick_questions(question_records, params.questions, setting="compare.questions.sources")
 
 
-def run_compare_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex,
-                         artifacts: dict[str, dict[str, Any]], params: CompareParams, policy: PolicySpec,
-                         methods: dict[str, Any], kg: KgExtractionParams,
+def run_compare_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex, params: CompareParams,
+                         policy: PolicySpec, methods: dict[str, Any], kg: KgExtractionParams, **artifacts: Any,
                          ) -> tuple[list[dict[str, Any]], pd.DataFrame]:
     """Every arm on the same questions: baselines and prompted agents with the base policy, trained agents with
-    the latest version of their adapter (the agent and retriever of the method they name, as it trained). Returns
-    the trajectories (method = arm name) and one row per arm — what it ran (policy, adapter version) or why it was
+    their adapter (the agent and retriever of the method they name, as it trained). ``artifacts`` are the trained
+    datasets by name — :class:`Available` (data and version), :class:`Missing` (why not) or, when a run trained
+    it, the data — so an arm whose adapter has no usable version is skipped with the reason. Returns the
+    trajectories (method = arm name) and one row per arm — what it ran (policy, adapter version) or why it was
     skipped and which pipeline makes what it lacks."""
     questions = [Question.from_dict(record) for record in question_records]
     plans, rows = [], []
@@ -60,13 +61,14 @@ def run_compare_rollouts(question_records: list[dict[str, Any]], index: Retrieva
         arm_policy = policy
         version = None
         if arm.adapter is not None:
-            arm_policy = policy.with_trained(artifacts[arm.adapter]["data"])
-            version = artifacts[arm.adapter]["version"]
+            data, version = _available(artifacts[arm.adapter])
+            arm_policy = policy.with_trained(data)
         plans.append((arm, _method(arm, methods), arm_policy, _retriever_spec(arm, params, methods)))
         rows.append(_arm_row(arm, "ran", "", version=version))
-    if KNOWLEDGE_GRAPH in artifacts and artifacts[KNOWLEDGE_GRAPH]["data"] is not None and any(
+    graph = artifacts.get(KNOWLEDGE_GRAPH)
+    if graph is not None and not isinstance(graph, Missing) and any(
             spec.kind.startswith("kag") for *_, spec in plans):
-        attach_knowledge_graph(index, artifacts[KNOWLEDGE_GRAPH]["data"], kg.kag.settings())
+        attach_knowledge_graph(index, _available(graph)[0], kg.kag.settings())
     records: list[dict[str, Any]] = []
     # arms that share a policy run back to back, so each policy is loaded once
     plans.sort(key=lambda plan: json.dumps(plan[2].model_dump(), sort_keys=True))
@@ -125,22 +127,24 @@ def report_comparison(trajectory_records: list[dict[str, Any]], arms: pd.DataFra
             efficiency_figure(table), search_figure(table), metrics)
 
 
-def _missing_artifact(arm: CompareArm, artifacts: dict[str, dict[str, Any]], params: CompareParams,
+def _missing_artifact(arm: CompareArm, artifacts: dict[str, Any], params: CompareParams,
                       methods: dict[str, Any]) -> str | None:
     needed = [] if arm.adapter is None else [arm.adapter]
     if _retriever_spec(arm, params, methods).kind.startswith("kag"):
         needed.append(KNOWLEDGE_GRAPH)
     for name in needed:
         if name not in artifacts:
-            raise ValueError(f"compare arm {arm.name!r} names {name!r}, not an entry of the trained_artifacts "
-                             f"dataset ({', '.join(sorted(artifacts))}); add it in conf/base/catalog.yml")
-        if artifacts[name]["data"] is None:
-            if artifacts[name].get("reason"):
-                return f"{name}: {artifacts[name]['reason']}"
-            made_by = artifacts[name].get("made_by")
-            hint = f": run `kedro run --pipelines={made_by}` first" if made_by else ""
-            return f"{name} has no version yet{hint}"
+            raise ValueError(f"compare arm {arm.name!r} names {name!r}, not an input of compare "
+                             f"({', '.join(sorted(artifacts))}): an arm's adapter is the adapter of a methods "
+                             "entry (conf/base/parameters_methods.yml)")
+        if isinstance(artifacts[name], Missing):
+            return artifacts[name].reason
     return None
+
+
+def _available(artifact: Any) -> tuple[Any, str | None]:
+    """The data and version of a loaded artifact (the data alone, version unknown, when this run trained it)."""
+    return (artifact.data, artifact.version) if isinstance(artifact, Available) else (artifact, None)
 
 
 def _method_entry(arm: CompareArm, methods: dict[str, Any]) -> dict[str, Any]:
