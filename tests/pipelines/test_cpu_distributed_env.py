@@ -1,6 +1,6 @@
 """``kedro run --env cpu_distributed``: the training nodes run under ``accelerate launch`` with 2 gloo processes on the
-tiny random Llama, end to end (SFT, then GRPO from its adapter; DPO on preference pairs); the MLflow stage runs show world size 2 and one
-set of curves (rank 0 only), and the SFT adapter loads back through the catalog and generates (its rollouts)."""
+tiny random Llama, end to end (SFT, then GRPO from its adapter; DPO on preference pairs); the MLflow stage runs show
+world size 2 and one set of curves (rank 0 only), and the adapters load back through the catalog and generate."""
 
 from __future__ import annotations
 
