@@ -4,9 +4,11 @@ world size 2 and one set of curves (rank 0 only), and the adapters load back thr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -39,14 +41,17 @@ def test_sft_and_rl_train_on_two_gloo_processes_from_kedro_run(project_copy, mlf
     sft_rollouts = [run for run in client.search_runs([experiment.experiment_id])
                     if run.info.run_name.startswith("hiprag_agent_sft")]
     assert sft_rollouts, "the SFT adapter trained by 2 processes was not rolled out"
-    assert list((project_copy / "data" / "06_models" / "launches").glob("grpo-*/run/checkpoints/checkpoint-2"))
+    [grpo] = (project_copy / "data" / "06_models" / "launches").glob("grpo-*")
+    assert list(grpo.glob("run/checkpoints/checkpoint-2"))
+    # the ranks loaded the catalog's versioned index in place: the bundle holds no copy of it
+    reference = json.loads((grpo / "bundle.json").read_text())["worker"]["index"]
+    assert reference["mode"] == "path" and not (grpo / "inputs" / "index").exists()
+    assert Path(reference["path"]).parent.parent == (project_copy / "data" / "06_models" / "retrieval_index").resolve()
 
 
 def _write_pairs(project, pairs: list[dict[str, str]]) -> None:
     """A ``reasonrag_pairs`` version (the catalog's versioned JSON lines) in the project copy: the DPO pipeline's input
     without the MCTS exploration (the tiny random model writes no valid step, so its trees hold no pair)."""
-    import json
-
     name = "reasonrag_pairs.jsonl"
     folder = project / "data" / "05_model_input" / name / "2026-01-01T00.00.00.000Z"
     folder.mkdir(parents=True)
