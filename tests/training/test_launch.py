@@ -77,15 +77,19 @@ def test_the_command_is_accelerate_s_own_launcher_with_a_shipped_config(tmp_path
     assert "--machine_rank $SLURM_NODEID" in srun[5] and "--main_process_ip $MASTER_ADDR" in srun[5]
 
 
-def test_fsdp_with_in_process_rollouts_and_vllm_colocate_are_refused():
-    fsdp = LaunchSettings(mode="accelerate", processes_per_machine=2, config="fsdp2")
-    with pytest.raises(ValueError, match=r"FSDP.*cannot run GRPO's in-process multi-turn rollouts"):
-        check_stage("grpo", fsdp)
-    check_stage("grpo", fsdp, policy_server=True)  # generation on the vLLM server: fine
-    check_stage("sft", fsdp)
-    check_stage("grpo", fsdp.model_copy(update={"config": "zero3"}))
+def test_fsdp1_with_in_process_rollouts_and_vllm_colocate_are_refused_fsdp2_is_accepted(tmp_path):
+    fsdp2 = LaunchSettings(mode="accelerate", processes_per_machine=2, config="fsdp2")
+    check_stage("grpo", fsdp2)  # FSDP2: the rollout gathers the full parameters around generation
+    fsdp1_config = tmp_path / "fsdp1.yaml"
+    fsdp1_config.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n")
+    fsdp1 = fsdp2.model_copy(update={"config": str(fsdp1_config)})
+    with pytest.raises(ValueError, match=r"is FSDP1 .*would hang\. Use launch\.config fsdp2 .*zero3 .*vLLM server"):
+        check_stage("grpo", fsdp1)
+    check_stage("grpo", fsdp1, policy_server=True)  # generation on the vLLM server: fine
+    check_stage("sft", fsdp1)
+    check_stage("grpo", fsdp2.model_copy(update={"config": "zero3"}))
     with pytest.raises(ValueError, match="colocate mode is not supported"):
-        check_stage("grpo", fsdp, vllm_mode="colocate")
+        check_stage("grpo", fsdp2, vllm_mode="colocate")
 
 
 # ------------------------------------------------------------------------------------------ 2 gloo processes

@@ -174,25 +174,37 @@ def sharding_stage(config: str) -> int:
     return 0
 
 
+def fsdp_version(config: str) -> int | None:
+    """The FSDP version of an accelerate config (``fsdp_config.fsdp_version``, accelerate's default 1); None: not
+    FSDP."""
+    loaded = _accelerate_config(config)
+    if _kind(loaded) != "fsdp":
+        return None
+    return int((loaded.get("fsdp_config") or {}).get("fsdp_version", 1))
+
+
 def check_stage(stage: Stage, settings: LaunchSettings, *, policy_server: bool = False,
                 vllm_mode: str | None = None) -> None:
     """Refuse combinations that cannot work, before anything starts.
 
-    * FSDP with GRPO's in-process rollouts: every rank's multi-turn rollout runs a different number of forward
-      passes (turns, stop strings), and an FSDP forward all-gathers each layer's shards collectively, so ranks would
-      wait on each other forever. Use ZeRO-3 (``zero3``: the parameters are gathered once around the rollout,
-      ``ds3_gather_for_generation``), DDP / ZeRO-2, or a policy server (``rl.policy_server``).
+    * FSDP1 with GRPO's in-process rollouts: every rank's multi-turn rollout runs a different number of forward
+      passes (turns, stop strings), and an FSDP forward all-gathers each wrapped block's shards collectively, so ranks
+      would wait on each other forever. FSDP2 (the shipped ``fsdp2``) is accepted: the rollout gathers the full
+      parameters once around generation (:func:`prorag.training.trl_grpo.fsdp2_full_parameters`); so is ZeRO-3
+      (``ds3_gather_for_generation``), DDP / ZeRO-2, or a policy server (``rl.policy_server``).
     * vLLM colocate mode: the rollout function has no generator over the trainer's in-process vLLM engine.
     """
     if vllm_mode == "colocate":
         raise ValueError("vLLM colocate mode is not supported: prorag's rollout function generates in-process with "
                          "transformers or through a vLLM server (rl.policy_server, TRL's server mode); start "
                          "`trl vllm-serve` on its own GPU instead")
-    if stage == "grpo" and settings.enabled and config_kind(settings.config) == "fsdp" and not policy_server:
-        raise ValueError(f"launch.config {settings.config!r} (FSDP) cannot run GRPO's in-process multi-turn rollouts: "
-                         "FSDP gathers each layer collectively at every forward pass and the ranks' rollouts run "
-                         "different numbers of passes. Use launch.config zero3 (parameters gathered around "
-                         "generation), ddp or zero2, or generate on a vLLM server (rl.policy_server)")
+    if stage == "grpo" and settings.enabled and not policy_server and fsdp_version(settings.config) == 1:
+        raise ValueError(f"launch.config {settings.config!r} is FSDP1 (fsdp_config.fsdp_version 1 or unset), which "
+                         "cannot run GRPO's in-process multi-turn rollouts: every forward pass all-gathers each "
+                         "wrapped block collectively and the ranks' rollouts run different numbers of passes, so they "
+                         "would hang. Use launch.config fsdp2 (FSDP2: full parameters gathered once around "
+                         "generation), zero3 (DeepSpeed ZeRO-3, gathered the same way), ddp or zero2, or generate on a "
+                         "vLLM server (rl.policy_server)")
 
 
 def fingerprint(stage: str, payload: Any) -> str:

@@ -219,8 +219,9 @@ def run(folder: Path) -> int:
     if stage not in STAGES:
         raise ValueError(f"{folder / BUNDLE_FILE}: unknown stage {stage!r} (one of {sorted(STAGES)})")
     if stage == "grpo" and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" \
-            and not bundle["worker"].get("policy_server"):
-        raise RuntimeError("FSDP cannot run GRPO's in-process rollouts (see prorag.training.launch.check_stage)")
+            and os.environ.get("FSDP_VERSION", "1") != "2" and not bundle["worker"].get("policy_server"):
+        raise RuntimeError("FSDP1 cannot run GRPO's in-process rollouts: use FSDP2 (launch.config fsdp2), zero3 or a "
+                           "vLLM policy server (see prorag.training.launch.check_stage)")
     from prorag.tracking.callbacks import MlflowStepMetrics
     from prorag.training.checkpoints import last_complete_checkpoint
 
