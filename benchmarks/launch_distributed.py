@@ -5,11 +5,18 @@ then under ``accelerate launch`` with 1 and with 2 gloo processes (DDP, ``ddp`` 
 ``--steps`` optimizer steps, a checkpoint every step. Reported: optimizer steps/s and sequences/s over the trainer's
 own ``train_runtime`` (the training loop: forward, backward, all-reduce, optimizer, checkpoints), the ratio to the
 1-process launch, and the launch's wall time from the call to the loaded result (interpreter and model start-up of
-every rank included). GRPO's 1-vs-2 comparison is ``benchmarks/grpo_distributed.py``.
+every rank included). GRPO's 1-vs-2 comparison on the tiny model is ``benchmarks/grpo_distributed.py``.
 
-Output: a rich table and ``data/08_reporting/launch_distributed_benchmark.csv`` / ``.md``::
+``--kedro``: instead, whole ``kedro run --env cpu_distributed`` runs of ``train_sft``, ``rl`` and ``dpo`` (in a
+temporary copy of the project, its own MLflow store) with ``launch.processes_per_machine`` 1 and 2 and the same global
+batch (2 sequences / pairs, 4 GRPO completions per step), on ``--model`` (default SmolLM2-135M-Instruct) for
+``--steps`` steps: the training node's seconds (``node_timing.csv``: bundle, start-up of every rank, training, adapter
+back), the trainer's ``train_runtime``, the world size and backend recorded in the MLflow stage run, the losses, and
+whether the versioned adapter loads and generates. DPO trains on hand-written preference pairs (the MCTS explorer is
+not under test). Every ``kedro run`` is capped at ``--timeout`` seconds::
 
-    .venv/bin/python benchmarks/launch_distributed.py
+    .venv/bin/python benchmarks/launch_distributed.py             # data/08_reporting/launch_distributed_benchmark.md
+    nice -n 19 .venv/bin/python benchmarks/launch_distributed.py --kedro   # ..._kedro_benchmark.md
 """
 
 from __future__ import annotations
@@ -27,6 +34,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "bundled:tiny-random-llama"
+SMOLLM2 = "bundled:smollm2-135m-instruct"
+KEDRO_STAGES = (  # pipeline, training node, adapter dataset, steps / per-device batch parameters, global batch, unit
+    ("train_sft", "sft.train_sft", "sft_adapter", "sft.max_steps", "sft.per_device_train_batch_size", 2, "sequences"),
+    ("rl", "rl.train_rl", "rl_adapter", "rl.trainer.max_steps", "rl.trainer.per_device_train_batch_size", 4,
+     "completions"),
+    ("dpo", "dpo.train_dpo", "dpo_adapter", "dpo.trainer.max_steps", "dpo.trainer.per_device_train_batch_size", 2,
+     "pairs"),
+)
+PAIRS = (("Who wrote Hamlet?", "Shakespeare", "Marlowe"), ("What is the capital of Peru?", "Lima", "Cusco"),
+         ("Which is the largest planet?", "Jupiter", "Saturn"), ("Who wrote Faust?", "Goethe", "Schiller"))
 
 
 def _examples(count: int, length: int) -> list[dict[str, list[int]]]:
@@ -60,8 +77,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=2, help="sequences (pairs) per process and step")
     parser.add_argument("--length", type=int, default=256, help="SFT sequence length in tokens (default 256)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "data" / "08_reporting")
+    parser.add_argument("--kedro", action="store_true", help="kedro run of train_sft, rl, dpo (module docstring)")
+    parser.add_argument("--model", default=SMOLLM2, help="--kedro: the policy model (default SmolLM2-135M-Instruct)")
+    parser.add_argument("--pipelines", default="train_sft,rl,dpo", help="--kedro: which of train_sft, rl, dpo")
+    parser.add_argument("--timeout", type=float, default=600.0, help="--kedro: seconds per kedro run (default 600)")
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 220)
+    if args.kedro:
+        rows = _kedro_rows(args, console)
+        title = (f"kedro run --env cpu_distributed, 1 vs 2 processes (accelerate launch, gloo), {args.model}, "
+                 f"{args.steps} steps, {os.cpu_count()} CPUs; items/s over the training node's seconds")
+        write_report(rows, name="launch_distributed_kedro", heading="Launcher benchmark: kedro run", title=title,
+                     command=" ".join(["python", "benchmarks/launch_distributed.py", *sys.argv[1:]]),
+                     output_dir=args.output_dir, console=console)
+        return 0
     import torch
 
     torch.set_num_threads(1)
@@ -107,6 +136,128 @@ def main(argv: list[str] | None = None) -> int:
                  command=" ".join(["python", "benchmarks/launch_distributed.py", *sys.argv[1:]]),
                  output_dir=args.output_dir, console=console)
     return 0
+
+
+def _kedro_rows(args: argparse.Namespace, console: Any) -> list[Any]:
+    """The ``--kedro`` measurements (module docstring), one row per pipeline and process count."""
+    import subprocess
+
+    from report import Row
+
+    wanted = [stage for stage in KEDRO_STAGES if stage[0] in args.pipelines.split(",")]
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="launch_kedro_benchmark_") as scratch:
+        project = _project_copy(Path(scratch))
+        uri = f"sqlite:///{project / 'mlflow.db'}"
+        env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1", "MLFLOW_TRACKING_URI": uri}
+        for pipeline, node, adapter_name, steps_key, batch_key, global_batch, unit in wanted:
+            section = (f"kedro run --pipelines={pipeline}, {args.model}, {args.steps} steps, {global_batch} {unit}"
+                       "/step (global), 1 torch thread/process, checkpoint every step, CPU")
+            measured: dict[int, dict[str, Any]] = {}
+            for processes in (1, 2):
+                params = (f"policy.model={args.model},launch.processes_per_machine={processes},"
+                          f"{steps_key}={args.steps},{batch_key}={global_batch // processes}")
+                command = [sys.executable, "-m", "kedro", "run", f"--pipelines={pipeline}", "--env",
+                           "cpu_distributed", "--params", params]
+                console.print(f"[bold]{pipeline}: {processes} process(es)[/] {' '.join(command[2:])}")
+                log = project / f"{pipeline}_{processes}.log"
+                load = os.getloadavg()[0]  # the machine is shared: its load when the run started
+                started = time.perf_counter()
+                try:
+                    with log.open("w", encoding="utf-8") as handle:
+                        completed = subprocess.run(command, cwd=project, env=env, stdout=handle,
+                                                   stderr=subprocess.STDOUT, timeout=args.timeout, check=False)
+                except subprocess.TimeoutExpired:  # a row saying so; the other runs go on
+                    console.print(f"[red]{pipeline}, {processes} process(es): past --timeout {args.timeout:.0f} s[/]")
+                    rows.append(Row(section, f"{processes} process{'es' if processes > 1 else ''}", 0, unit, 0.0,
+                                    "", f"did not finish within --timeout {args.timeout:.0f} s (load average at "
+                                    f"start {load:.1f})"))
+                    continue
+                wall = time.perf_counter() - started
+                if completed.returncode != 0:
+                    raise RuntimeError(f"{' '.join(command)} exited {completed.returncode}; its log:\n"
+                                       + log.read_text(encoding="utf-8")[-4000:])
+                measured[processes] = {"wall": wall, "node": _node_seconds(project, node), "load": load,
+                                       **_stage_run(uri, node.split(".")[0]),
+                                       "generated": _generates(args.model, _latest_adapter(project, adapter_name))}
+            base = measured[1]["node"] if 1 in measured else float("nan")
+            for processes, found in measured.items():
+                losses = ", ".join(f"{loss:.4f}" for loss in found["losses"])
+                rows.append(Row(section, f"{processes} process{'es' if processes > 1 else ''} (world "
+                                f"{found['world_size']}, {found['backend']})", args.steps * global_batch, unit,
+                                found["node"], f"{base / found['node']:.2f}x",
+                                f"train_runtime {found['train_runtime']:.1f} s; kedro run {found['wall']:.0f} s; "
+                                f"load average at start {found['load']:.1f}; "
+                                f"steps {found['steps']}; loss per step {losses}; adapter loads and generates "
+                                f"{found['generated']!r}"))
+    return rows
+
+
+def _project_copy(scratch: Path) -> Path:
+    """The project's configuration in ``scratch``, the raw data linked in, a ``reasonrag_pairs`` version written."""
+    import json
+    import shutil
+
+    root = scratch / "project"
+    root.mkdir()
+    for name in ("pyproject.toml", ".kedro.yml", ".telemetry"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, root / name)
+    shutil.copytree(ROOT / "conf", root / "conf", ignore=shutil.ignore_patterns("credentials.yml"))
+    (root / "src").mkdir()
+    (root / "data").mkdir()
+    (root / "data" / "01_raw").symlink_to(ROOT / "data" / "01_raw")
+    from prorag.protocol import reasonrag
+
+    folder = root / "data" / "05_model_input" / "reasonrag_pairs.jsonl" / "2026-01-01T00.00.00.000Z"
+    folder.mkdir(parents=True)
+    (folder / "reasonrag_pairs.jsonl").write_text("".join(
+        json.dumps({"messages": reasonrag.render_prompt(question), "transcript": "",
+                    "chosen": f"So the answer is <answer>{right}</answer>",
+                    "rejected": f"So the answer is <answer>{wrong}</answer>"}) + "\n"
+        for question, right, wrong in PAIRS), encoding="utf-8")
+    return root
+
+
+def _node_seconds(project: Path, node: str) -> float:
+    import csv
+
+    with (project / "data" / "08_reporting" / "node_timing.csv").open(encoding="utf-8") as handle:
+        return float(next(row["seconds"] for row in csv.DictReader(handle) if row["node"] == node))
+
+
+def _stage_run(uri: str, stage: str) -> dict[str, Any]:
+    """The newest MLflow stage run of ``stage`` with launch params: world size, backend, its bundle's result."""
+    import json
+
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("prorag-cpu-distributed")
+    [run] = client.search_runs([experiment.experiment_id], filter_string=f"attributes.run_name = '{stage}'",
+                               order_by=["attributes.start_time DESC"], max_results=1)
+    result = json.loads((Path(run.data.params["distributed.bundle"]) / "result.json").read_text(encoding="utf-8"))
+    history = result["log_history"]
+    return {"world_size": int(run.data.params["distributed.world_size"]),
+            "backend": run.data.params["distributed.backend"], "train_runtime": _runtime(history),
+            "steps": result["global_step"], "losses": [float(entry["loss"]) for entry in history if "loss" in entry]}
+
+
+def _latest_adapter(project: Path, name: str) -> Path:
+    versions = sorted((project / "data" / "06_models" / name).iterdir())
+    return versions[-1] / name
+
+
+def _generates(model: str, adapter: Path) -> str:
+    from prorag.llm.factory import build_generator
+    from prorag.llm.generation import SamplingParams
+
+    generator = build_generator(model, adapter=str(adapter))
+    [[completion]] = generator.generate([generator.apply_chat_template([
+        {"role": "user", "content": "Who wrote Hamlet?"}])], SamplingParams(max_new_tokens=8))
+    if not completion.token_ids:
+        raise RuntimeError(f"the adapter {adapter} generated nothing")
+    return completion.text
 
 
 if __name__ == "__main__":

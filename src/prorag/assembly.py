@@ -38,12 +38,14 @@ def build_policy(policy: PolicySpec) -> Generator:
     return generator
 
 
-def build_retriever(spec: RetrieverSpec, index: RetrievalIndex) -> Retriever:
+def build_retriever(spec: RetrieverSpec, index: RetrievalIndex | None) -> Retriever:
     """A retrieval server's client when ``spec.retrieval_url`` is set, else the index's ``spec.kind`` retriever."""
     if spec.retrieval_url:
         from prorag.retrieval.client import RetrievalClient
 
         return RetrievalClient(spec.retrieval_url)
+    if index is None:
+        raise ValueError(f"retriever {spec.kind!r} needs the retrieval index, or retrieval_url (a retrieval server)")
     return index.retriever(spec.kind)
 
 

@@ -77,15 +77,19 @@ def test_the_command_is_accelerate_s_own_launcher_with_a_shipped_config(tmp_path
     assert "--machine_rank $SLURM_NODEID" in srun[5] and "--main_process_ip $MASTER_ADDR" in srun[5]
 
 
-def test_fsdp_with_in_process_rollouts_and_vllm_colocate_are_refused():
-    fsdp = LaunchSettings(mode="accelerate", processes_per_machine=2, config="fsdp2")
-    with pytest.raises(ValueError, match=r"FSDP.*cannot run GRPO's in-process multi-turn rollouts"):
-        check_stage("grpo", fsdp)
-    check_stage("grpo", fsdp, policy_server=True)  # generation on the vLLM server: fine
-    check_stage("sft", fsdp)
-    check_stage("grpo", fsdp.model_copy(update={"config": "zero3"}))
+def test_fsdp1_with_in_process_rollouts_and_vllm_colocate_are_refused_fsdp2_is_accepted(tmp_path):
+    fsdp2 = LaunchSettings(mode="accelerate", processes_per_machine=2, config="fsdp2")
+    check_stage("grpo", fsdp2)  # FSDP2: the rollout gathers the full parameters around generation
+    fsdp1_config = tmp_path / "fsdp1.yaml"
+    fsdp1_config.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n")
+    fsdp1 = fsdp2.model_copy(update={"config": str(fsdp1_config)})
+    with pytest.raises(ValueError, match=r"is FSDP1 .*would hang\. Use launch\.config fsdp2 .*zero3 .*vLLM server"):
+        check_stage("grpo", fsdp1)
+    check_stage("grpo", fsdp1, policy_server=True)  # generation on the vLLM server: fine
+    check_stage("sft", fsdp1)
+    check_stage("grpo", fsdp2.model_copy(update={"config": "zero3"}))
     with pytest.raises(ValueError, match="colocate mode is not supported"):
-        check_stage("grpo", fsdp, vllm_mode="colocate")
+        check_stage("grpo", fsdp2, vllm_mode="colocate")
 
 
 # ------------------------------------------------------------------------------------------ 2 gloo processes
@@ -186,3 +190,136 @@ def test_kill_9_of_the_launcher_then_the_same_launch_resumes(tmp_path):
     resumed, steps = line.split(" STEPS ")
     assert resumed.endswith("checkpoint-1")
     assert json.loads(steps) == [1, 2, 3, 4]  # step 1 restored from the checkpoint, then the steps continue
+
+
+# ------------------------------------------------------------------------------------------ GRPO bundle: the index
+
+
+@pytest.fixture(scope="module")
+def saved_index(tmp_path_factory):
+    """A small hashing-embedder index saved to a directory (what the catalog's versioned retrieval_index holds)."""
+    from prorag.data.records import Passage
+    from prorag.retrieval.index import build_retrieval_index
+
+    passages = [Passage(f"p{i}", title, text) for i, (title, text) in enumerate([
+        ("Hamlet", "Hamlet is a tragedy written by William Shakespeare."),
+        ("Lima", "Lima is the capital of Peru."),
+        ("Jupiter", "Jupiter is the largest planet of the Solar System."),
+        ("Faust", "Faust is a tragic play by Johann Wolfgang von Goethe.")])]
+    index = build_retrieval_index(passages, embedder_spec="hashing:32", show_progress=False)
+    return index, index.save(tmp_path_factory.mktemp("index") / "retrieval_index")
+
+
+def _grpo_bundle(tmp_path: Path, index, *, retrieval_url: str | None = None, reward: str = "search_r1",
+                 judge_for_metrics: bool = False) -> Path:
+    from prorag.data.records import Question
+    from prorag.specs import RetrieverSpec, TrainedAgentSpec
+    from prorag.training.config import GRPOSettings
+    from prorag.training.launch import grpo_bundle
+
+    return grpo_bundle(TINY, [Question("q1", "Who wrote Hamlet?", ("Shakespeare",), "hotpotqa")], index,
+                       _launch(tmp_path), trainer=GRPOSettings(max_steps=1),
+                       retriever=RetrieverSpec(kind="bm25", retrieval_url=retrieval_url),
+                       agent=TrainedAgentSpec(name="agent", protocol="hiprag"), reward={"kind": reward},
+                       start_adapter=None, full_parameters=False, generation_batch_size=2,
+                       judge_for_metrics=judge_for_metrics, policy_server=None)
+
+
+def test_the_grpo_bundle_references_a_loaded_index_in_place_instead_of_copying_it(tmp_path, saved_index):
+    from prorag.retrieval.index import load_index_dir
+    from prorag.training.launch_worker import grpo_index
+
+    built, directory = saved_index
+    loaded = load_index_dir(directory)
+    assert loaded.source_dir == directory.resolve() and loaded.view().source_dir == directory.resolve()
+    bundle = _grpo_bundle(tmp_path, loaded.view())
+    assert not (bundle / "inputs" / "index").exists()  # no copy
+    worker = json.loads((bundle / "bundle.json").read_text())["worker"]
+    assert worker["index"] == {"mode": "path", "path": str(directory.resolve())}
+    index = grpo_index(worker, bundle)  # what every rank does
+    assert index.source_dir == directory.resolve()
+    assert index.retriever("bm25").search(["capital of Peru"], 1)[0][0].passage.id == "p1"
+
+    copied = _grpo_bundle(tmp_path / "memory", built)  # built in memory: no directory to point at, so one copy
+    worker = json.loads((copied / "bundle.json").read_text())["worker"]
+    assert worker["index"] == {"mode": "copy"} and (copied / "inputs" / "index" / "index_meta.json").is_file()
+    assert len(grpo_index(worker, copied)) == 4
+    missing = {"index": {"mode": "path", "path": str(tmp_path / "gone")}}
+    with pytest.raises(FileNotFoundError, match=r"worker\.index\.path .*gone is not a directory"):
+        grpo_index(missing, copied)
+
+
+def test_with_a_retrieval_server_the_grpo_ranks_load_no_index_and_retrieve_over_http(tmp_path, saved_index):
+    from prorag.retrieval.index import load_index_dir
+    from prorag.retrieval.server import BackgroundServer, create_app
+    from prorag.specs import RetrieverSpec, TrainedAgentSpec
+    from prorag.training.config import GRPOSettings
+    from prorag.training.launch_worker import grpo_index
+    from prorag.training.stages import grpo_rollout_function
+
+    _, directory = saved_index
+    index = load_index_dir(directory)
+    with BackgroundServer(create_app(index.retriever("bm25"))) as server:
+        bundle = _grpo_bundle(tmp_path, index.view(), retrieval_url=server.url)
+        worker = json.loads((bundle / "bundle.json").read_text())["worker"]
+        assert worker["index"] == {"mode": "server", "retrieval_url": server.url}
+        assert not (bundle / "inputs" / "index").exists() and grpo_index(worker, bundle) is None
+        from prorag.data.records import Question
+
+        rollout = grpo_rollout_function(  # what a rank builds from the bundle (launch_worker._stage_grpo)
+            [Question("q1", "Who wrote Hamlet?", ("Shakespeare",), "hotpotqa")], None,
+            retriever=RetrieverSpec.model_validate(worker["retriever"]),
+            agent=TrainedAgentSpec.model_validate(worker["agent"]), reward=worker["reward"],
+            trainer=GRPOSettings(max_steps=1), generation_batch_size=2, judge_for_metrics=False, policy_server=None)
+        assert rollout.retriever.search(["capital of Peru"], 1)[0][0].passage.id == "p1"
+    # a reward whose judges ground on the index (hiprag's detection) still needs it: referenced in place
+    judged = _grpo_bundle(tmp_path / "judged", index.view(), retrieval_url="http://127.0.0.1:9", reward="hiprag")
+    assert json.loads((judged / "bundle.json").read_text())["worker"]["index"]["mode"] == "path"
+
+
+# ------------------------------------------------------------------------------------------ 1 vs 2 processes
+
+
+def _outputs(result) -> dict[str, object]:
+    """What a launch leaves: adapter files and config, checkpoint names and files, steps, the loss per step."""
+    adapter = result.adapter
+    checkpoints = sorted((result.bundle / "run" / "checkpoints").glob("checkpoint-*"))
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    return {"adapter_files": sorted(path.name for path in adapter.iterdir()),
+            "adapter_config": (config["r"], config["lora_alpha"], sorted(config["target_modules"]),
+                               config["base_model_name_or_path"]),
+            "checkpoints": [path.name for path in checkpoints],
+            "checkpoint_files": sorted(path.name for path in checkpoints[-1].iterdir()
+                                       if "rng_state" not in path.name),  # one RNG state file per rank
+            "global_step": result.global_step}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", ["sft", "dpo"])
+def test_two_processes_produce_what_one_process_does_for_the_same_global_batch(tmp_path, stage):
+    """The same global batch (2 sequences / pairs per step) on 1 process (2 per device) and on 2 processes (1 per
+    device, DDP over gloo): the same adapter and checkpoint files, the same optimizer steps, and losses that agree
+    (every example has the same length, LoRA dropout is off, so only float summation order differs)."""
+    from prorag.training.dpo import DPOTrainingConfig
+
+    results = {}
+    for processes in (1, 2):
+        per_device = 2 // processes
+        launch = _launch(tmp_path / f"p{processes}", processes_per_machine=processes)
+        if stage == "sft":
+            settings = SFTSettings(max_steps=3, per_device_train_batch_size=per_device, save_steps=1, lora_r=4,
+                                   lora_alpha=8, lora_dropout=0.0, learning_rate=1e-3)
+            results[processes] = launch_sft(TINY, EXAMPLES, settings, launch)
+        else:
+            config = DPOTrainingConfig(max_steps=3, per_device_train_batch_size=per_device,
+                                       gradient_accumulation_steps=1, learning_rate=1e-3, warmup_ratio=0.0,
+                                       save_steps=1, lora_r=4, lora_alpha=8)
+            results[processes] = launch_dpo(TINY, PAIRS, config, launch)
+    one, two = results[1], results[2]
+    assert (one.world_size, two.world_size) == (1, 2)
+    assert _outputs(one) == _outputs(two)
+    assert _outputs(two)["global_step"] == 3
+    losses = {processes: [entry["loss"] for entry in result.log_history if "loss" in entry]
+              for processes, result in results.items()}
+    assert len(losses[1]) == len(losses[2]) == 3
+    assert losses[1] == pytest.approx(losses[2], rel=1e-3), losses

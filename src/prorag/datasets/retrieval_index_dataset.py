@@ -90,7 +90,9 @@ class RetrievalIndexDataset(FsspecVersionedDataset["RetrievalIndex", "RetrievalI
         # a remote index is downloaded once per process, to a folder that lives as long as the process
         local = Path(tempfile.mkdtemp(prefix="prorag-index-")) / "index"
         self._fs.get(path.rstrip("/") + "/", str(local), recursive=True)
-        return load_index_dir(local, **self._load_args)
+        loaded = load_index_dir(local, **self._load_args)
+        loaded.source_dir = None  # a temporary download: not a place other processes (machines) can load from
+        return loaded
 
     def save(self, data: RetrievalIndex) -> None:
         from prorag.retrieval.index import RetrievalIndex, save_index_dir

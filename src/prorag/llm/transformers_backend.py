@@ -138,11 +138,14 @@ class TransformersGenerator:
     models that expect a BOS token. Calls are serialized with a lock, so one instance may be shared by
     threads. ``prefix_cache_mb`` bounds the KV states kept for reuse across calls (0 turns reuse and prefix
     sharing off: every call re-prefills its prompts); :attr:`stats` counts prefill, reused and decoded tokens.
+    ``synced_gpus`` is transformers' ``generate`` flag (None: its default, on for a sharded model in a process
+    group — an all-reduce per decoding step); False where the parameters are whole on every rank and the ranks
+    generate independently (the GRPO rollouts under FSDP2 / ZeRO-3, ``prorag.training.trl_grpo.policy_generator``).
     """
 
     def __init__(self, model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], *, dtype: str = "float32",
                  device: str = "cpu", batch_size: int = 8, add_special_tokens: bool = False,
-                 prefix_cache_mb: float = 2048.0) -> None:
+                 prefix_cache_mb: float = 2048.0, synced_gpus: bool | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not prefix_cache_mb >= 0:
@@ -164,6 +167,7 @@ class TransformersGenerator:
         self.eos_token_ids: set[int] = _eos_ids(self.model, tokenizer)
         self.vocab_size = int(getattr(self.model.config, "vocab_size", len(tokenizer)))
         self.prefix_cache = PrefixKVCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
+        self.synced_gpus = synced_gpus
         self.stats = GenerationStats()
 
     @property
@@ -372,6 +376,7 @@ class TransformersGenerator:
             generation_config=self._generation_config(params),
             logits_processor=LogitsProcessorList([recorder] if recorder else []),
             stopping_criteria=StoppingCriteriaList([stopper] if stopper else []),
+            synced_gpus=self.synced_gpus,
         )
         sequences = output.sequences
         generated = sequences[:, width:].cpu()

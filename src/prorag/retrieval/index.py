@@ -133,6 +133,7 @@ class RetrievalIndex:
         gpus: Sequence[int] | None = None,
         build_dir: str | os.PathLike[str] | None = None,
         parent: RetrievalIndex | None = None,
+        source_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if faiss_index.ntotal != len(store) or meta.passage_count != len(store):
             raise RetrievalError(
@@ -157,6 +158,9 @@ class RetrievalIndex:
         self._parent = parent
         self.build_dir = Path(build_dir) if build_dir is not None else None
         """A resumable build's working folder (embedding shards): deleted once the index is saved."""
+        self.source_dir = Path(source_dir) if source_dir is not None else None
+        """The index directory this index was loaded from (None: built in memory, or a temporary download): what
+        another process can load the same index from instead of a copy (the GRPO launch bundle)."""
 
     def view(self) -> RetrievalIndex:
         """A new index object over the same loaded parts (FAISS index, store, BM25, embedder, dense retriever):
@@ -165,7 +169,7 @@ class RetrievalIndex:
         root = self._parent or self
         return RetrievalIndex(self.meta, self.store, self.faiss_index, self._bm25, self._embedder,
                               use_gpu=self._use_gpu, nprobe=self._nprobe, device=self._device, threads=self._threads,
-                              gpus=self._gpus, parent=root)
+                              gpus=self._gpus, parent=root, source_dir=root.source_dir)
 
     def register_retriever(self, kind: str, factory: RetrieverFactory) -> RetrievalIndex:
         """Make ``retriever(kind)`` build ``factory(self)``: how another package (the knowledge layer's ``kag`` /
@@ -656,7 +660,7 @@ def load_index_dir(
         bm25 = BM25Retriever.load(root / BM25_DIR, store, mmap=mmap)
     return RetrievalIndex(
         meta, store, faiss_index, bm25, embedder, use_gpu=use_gpu, nprobe=nprobe, device=device, threads=threads,
-        gpus=gpus,
+        gpus=gpus, source_dir=root.resolve(),
     )
 
 

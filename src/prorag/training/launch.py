@@ -174,25 +174,37 @@ def sharding_stage(config: str) -> int:
     return 0
 
 
+def fsdp_version(config: str) -> int | None:
+    """The FSDP version of an accelerate config (``fsdp_config.fsdp_version``, accelerate's default 1); None: not
+    FSDP."""
+    loaded = _accelerate_config(config)
+    if _kind(loaded) != "fsdp":
+        return None
+    return int((loaded.get("fsdp_config") or {}).get("fsdp_version", 1))
+
+
 def check_stage(stage: Stage, settings: LaunchSettings, *, policy_server: bool = False,
                 vllm_mode: str | None = None) -> None:
     """Refuse combinations that cannot work, before anything starts.
 
-    * FSDP with GRPO's in-process rollouts: every rank's multi-turn rollout runs a different number of forward
-      passes (turns, stop strings), and an FSDP forward all-gathers each layer's shards collectively, so ranks would
-      wait on each other forever. Use ZeRO-3 (``zero3``: the parameters are gathered once around the rollout,
-      ``ds3_gather_for_generation``), DDP / ZeRO-2, or a policy server (``rl.policy_server``).
+    * FSDP1 with GRPO's in-process rollouts: every rank's multi-turn rollout runs a different number of forward
+      passes (turns, stop strings), and an FSDP forward all-gathers each wrapped block's shards collectively, so ranks
+      would wait on each other forever. FSDP2 (the shipped ``fsdp2``) is accepted: the rollout gathers the full
+      parameters once around generation (:func:`prorag.training.trl_grpo.fsdp2_full_parameters`); so is ZeRO-3
+      (``ds3_gather_for_generation``), DDP / ZeRO-2, or a policy server (``rl.policy_server``).
     * vLLM colocate mode: the rollout function has no generator over the trainer's in-process vLLM engine.
     """
     if vllm_mode == "colocate":
         raise ValueError("vLLM colocate mode is not supported: prorag's rollout function generates in-process with "
                          "transformers or through a vLLM server (rl.policy_server, TRL's server mode); start "
                          "`trl vllm-serve` on its own GPU instead")
-    if stage == "grpo" and settings.enabled and config_kind(settings.config) == "fsdp" and not policy_server:
-        raise ValueError(f"launch.config {settings.config!r} (FSDP) cannot run GRPO's in-process multi-turn rollouts: "
-                         "FSDP gathers each layer collectively at every forward pass and the ranks' rollouts run "
-                         "different numbers of passes. Use launch.config zero3 (parameters gathered around "
-                         "generation), ddp or zero2, or generate on a vLLM server (rl.policy_server)")
+    if stage == "grpo" and settings.enabled and not policy_server and fsdp_version(settings.config) == 1:
+        raise ValueError(f"launch.config {settings.config!r} is FSDP1 (fsdp_config.fsdp_version 1 or unset), which "
+                         "cannot run GRPO's in-process multi-turn rollouts: every forward pass all-gathers each "
+                         "wrapped block collectively and the ranks' rollouts run different numbers of passes, so they "
+                         "would hang. Use launch.config fsdp2 (FSDP2: full parameters gathered once around "
+                         "generation), zero3 (DeepSpeed ZeRO-3, gathered the same way), ddp or zero2, or generate on a "
+                         "vLLM server (rl.policy_server)")
 
 
 def fingerprint(stage: str, payload: Any) -> str:
@@ -428,22 +440,58 @@ def launch_grpo(model: str, questions: Sequence[Any], index: Any, launch: Launch
                 generation_batch_size: int, judge_for_metrics: bool, policy_server: Mapping[str, Any] | None,
                 metrics_prefix: str | None = "rl") -> LaunchResult:
     """:func:`prorag.training.trl_grpo.train_grpo_lora` with :func:`prorag.training.stages.grpo_rollout_function`
-    under ``accelerate launch``. The index is written into the bundle once (``inputs/index``); with
-    ``retriever.retrieval_url`` the ranks query that server over HTTP for the rollouts instead."""
+    under ``accelerate launch`` (the bundle: :func:`grpo_bundle`)."""
+    bundle = grpo_bundle(model, questions, index, launch, trainer=trainer, retriever=retriever, agent=agent,
+                         reward=reward, start_adapter=start_adapter, full_parameters=full_parameters,
+                         generation_batch_size=generation_batch_size, judge_for_metrics=judge_for_metrics,
+                         policy_server=policy_server, metrics_prefix=metrics_prefix)
+    return run_launch(launch, bundle, mixed_precision=_mixed_precision(trainer.dtype, trainer.use_cpu))
+
+
+def grpo_bundle(model: str, questions: Sequence[Any], index: Any, launch: LaunchSettings, *, trainer: Any,
+                retriever: Any, agent: Any, reward: Any, start_adapter: str | None, full_parameters: bool,
+                generation_batch_size: int, judge_for_metrics: bool, policy_server: Mapping[str, Any] | None,
+                metrics_prefix: str | None = "rl") -> Path:
+    """The bundle of a GRPO launch. The index is not copied when the ranks can do without a copy
+    (:func:`index_reference`): they load the versioned index directory in place, or query the retrieval server."""
     check_stage("grpo", launch, policy_server=bool(policy_server))
     records = [question.to_dict() for question in questions]
+    reference = index_reference(index, retriever=retriever, reward=reward, judge_for_metrics=judge_for_metrics)
     worker = {"model": model, "trainer": trainer.model_dump(), "retriever": retriever.model_dump(),
               "agent": agent.model_dump(), "reward": reward.model_dump() if hasattr(reward, "model_dump") else reward,
               "start_adapter": str(Path(start_adapter).resolve()) if start_adapter else None,
               "full_parameters": full_parameters, "generation_batch_size": generation_batch_size,
               "judge_for_metrics": judge_for_metrics, "policy_server": dict(policy_server) if policy_server else None,
-              "metrics_prefix": metrics_prefix}
+              "metrics_prefix": metrics_prefix, "index": reference}
     payload = {**worker, "trainer": _without(worker["trainer"], "resume"), "policy_server": None,
-               "metrics_prefix": None, "questions": content_digest(records), "index": _index_identity(index),
+               "metrics_prefix": None, "index": _index_identity(index), "questions": content_digest(records),
                "world_size": launch.world_size, "config": launch.config}
-    bundle = prepare_bundle(launch, "grpo", fingerprint("grpo", payload), inputs={"questions": records},
-                            files={"index": index.save}, worker=worker)
-    return run_launch(launch, bundle, mixed_precision=_mixed_precision(trainer.dtype, trainer.use_cpu))
+    files = {"index": index.save} if reference["mode"] == "copy" else None
+    return prepare_bundle(launch, "grpo", fingerprint("grpo", payload), inputs={"questions": records}, files=files,
+                          worker=worker)
+
+
+def index_reference(index: Any, *, retriever: Any, reward: Any, judge_for_metrics: bool) -> dict[str, Any]:
+    """How the ranks of a GRPO launch get the retrieval index, without copying it when they can:
+
+    * ``{"mode": "server", "retrieval_url": …}``: ``retriever.retrieval_url`` is set and the reward needs no index
+      (no detection judges, no query embedder, no ``judge_for_metrics``): the ranks query the retrieval server over
+      HTTP and load no index at all;
+    * ``{"mode": "path", "path": …}``: the index was loaded from a directory (the catalog's versioned
+      ``retrieval_index``; Kedro never rewrites a version): every rank loads it from there, read-only (memory-mapped);
+    * ``{"mode": "copy"}``: an index built in memory (or downloaded to a temporary folder) is written into the
+      bundle (``inputs/index``) once.
+    """
+    if getattr(retriever, "retrieval_url", None) and not judge_for_metrics:
+        from prorag.rewards.registry import build_reward
+
+        needs = build_reward(reward).needs
+        if not (needs.detection or needs.embedder):
+            return {"mode": "server", "retrieval_url": retriever.retrieval_url}
+    source = getattr(index, "source_dir", None)
+    if source is not None and Path(source).is_dir():
+        return {"mode": "path", "path": str(Path(source).resolve())}
+    return {"mode": "copy"}
 
 
 def _index_identity(index: Any) -> str:

@@ -152,7 +152,6 @@ def _stage_dpo(bundle: dict[str, Any], folder: Path, callbacks: list[Any]) -> tu
 
 def _stage_grpo(bundle: dict[str, Any], folder: Path, callbacks: list[Any]) -> tuple[Path, list[dict[str, Any]]]:
     from prorag.data.records import Question
-    from prorag.retrieval.index import load_index_dir
     from prorag.specs import RetrieverSpec, TrainedAgentSpec
     from prorag.training.config import GRPOSettings
     from prorag.training.stages import grpo_rollout_function
@@ -160,7 +159,7 @@ def _stage_grpo(bundle: dict[str, Any], folder: Path, callbacks: list[Any]) -> t
 
     worker = bundle["worker"]
     questions = [Question.from_dict(record) for record in _read(folder / INPUTS_DIR / "questions.json")]
-    index = load_index_dir(folder / INPUTS_DIR / "index")
+    index = grpo_index(worker, folder)
     trainer = GRPOSettings.model_validate(worker["trainer"], strict=False)
     rollout_function = grpo_rollout_function(
         questions, index, retriever=RetrieverSpec.model_validate(worker["retriever"], strict=False),
@@ -170,6 +169,28 @@ def _stage_grpo(bundle: dict[str, Any], folder: Path, callbacks: list[Any]) -> t
     return train_grpo_lora(worker["model"], questions, rollout_function, folder / RUN_DIR, trainer,
                            adapter_dir=worker["start_adapter"], full_parameters=worker["full_parameters"],
                            callbacks=callbacks)
+
+
+def grpo_index(worker: dict[str, Any], folder: Path) -> Any:
+    """The retrieval index of a GRPO bundle (``worker.index``, :func:`prorag.training.launch.index_reference`): the
+    versioned index directory loaded in place (memory-mapped, read-only), None when the ranks query the retrieval
+    server, or the bundle's own copy (``inputs/index``; also bundles written before the reference existed)."""
+    from prorag.retrieval.index import load_index_dir
+
+    reference = worker.get("index") or {"mode": "copy"}
+    mode = reference.get("mode")
+    if mode == "server":
+        return None
+    if mode == "path":
+        path = Path(reference["path"])
+        if not path.is_dir():
+            raise FileNotFoundError(f"{folder / BUNDLE_FILE}: worker.index.path {path} is not a directory (the "
+                                    "versioned index must stay where the launch found it, on a filesystem every "
+                                    "machine sees)")
+        return load_index_dir(path, mmap=True)
+    if mode == "copy":
+        return load_index_dir(folder / INPUTS_DIR / "index")
+    raise ValueError(f"{folder / BUNDLE_FILE}: unknown worker.index.mode {mode!r} (server, path or copy)")
 
 
 STAGES = {"sft": _stage_sft, "dpo": _stage_dpo, "grpo": _stage_grpo}
@@ -198,8 +219,9 @@ def run(folder: Path) -> int:
     if stage not in STAGES:
         raise ValueError(f"{folder / BUNDLE_FILE}: unknown stage {stage!r} (one of {sorted(STAGES)})")
     if stage == "grpo" and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" \
-            and not bundle["worker"].get("policy_server"):
-        raise RuntimeError("FSDP cannot run GRPO's in-process rollouts (see prorag.training.launch.check_stage)")
+            and os.environ.get("FSDP_VERSION", "1") != "2" and not bundle["worker"].get("policy_server"):
+        raise RuntimeError("FSDP1 cannot run GRPO's in-process rollouts: use FSDP2 (launch.config fsdp2), zero3 or a "
+                           "vLLM policy server (see prorag.training.launch.check_stage)")
     from prorag.tracking.callbacks import MlflowStepMetrics
     from prorag.training.checkpoints import last_complete_checkpoint
 

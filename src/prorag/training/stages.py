@@ -13,11 +13,12 @@ if TYPE_CHECKING:
     from prorag.training.trl_grpo import AgentRolloutFunction
 
 
-def grpo_rollout_function(questions: Sequence[Question], index: RetrievalIndex, *, retriever: RetrieverSpec,
+def grpo_rollout_function(questions: Sequence[Question], index: RetrievalIndex | None, *, retriever: RetrieverSpec,
                           agent: AgentSpec, reward: Any, trainer: GRPOSettings, generation_batch_size: int,
                           judge_for_metrics: bool, policy_server: Mapping[str, Any] | None) -> AgentRolloutFunction:
     """GRPO's rollout function over ``index`` (or the retrieval server ``retriever.retrieval_url``: every rank of a
-    launch then queries it over HTTP) with the ``reward`` entry's scorer and the agent's protocol and budgets."""
+    launch then queries it over HTTP; ``index`` may then be None when the reward needs none) with the ``reward``
+    entry's scorer and the agent's protocol and budgets."""
     from prorag.assembly import build_retriever, build_scorer
     from prorag.training.trl_grpo import AgentRolloutFunction, PolicyServer
 

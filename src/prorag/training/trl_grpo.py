@@ -206,16 +206,66 @@ def _completion_arrays(rollout: Rollout) -> tuple[list[int], list[float], list[i
 
 
 @contextlib.contextmanager
+def fsdp2_full_parameters(model: torch.nn.Module) -> Iterator[bool]:
+    """FSDP2 (``fully_shard``): gather every parameter once before generation and keep it whole through all of
+    generation's forward passes, then reshard; a model without FSDP2 modules is left alone.
+
+    Under FSDP2 each forward pass all-gathers every wrapped block's shards (a collective) and frees them afterwards,
+    so ranks whose multi-turn rollouts run different numbers of forward passes (turns, stop strings) would pair up
+    mismatched collectives and hang or exchange wrong data. Here each FSDP module is unsharded once (the same
+    collectives, in the same order, on every rank) with resharding after forward turned off, so generation runs no
+    collective at all; on exit the modules are resharded and their reshard-after-forward settings restored. Memory:
+    the full model is held on every rank while generating (what ZeRO-3's ``ds3_gather_for_generation`` does too).
+    Yields whether it gathered (False: no FSDP2 module). Generate with transformers' ``synced_gpus=False`` inside
+    (:class:`~prorag.llm.transformers_backend.TransformersGenerator`): its per-step all-reduce is a collective too.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    if not modules:
+        yield False
+        return
+    # the outermost FSDP module is the root: initialize it as such before generation, whose forward passes may
+    # enter below it (PeftModel.generate calls the wrapped model) and would otherwise make a block the root
+    modules[0]._get_fsdp_state()._lazy_init()
+    saved = []
+    for module in modules:
+        state = module._get_fsdp_state()
+        groups = list(state._fsdp_param_groups)
+        saved.append((state, state._auto_reshard_after_forward, [(group, group.post_forward_mesh_info)
+                                                                  for group in groups]))
+    try:
+        for module in modules:
+            module.set_reshard_after_forward(False, recurse=False)
+        for module in modules:
+            module.unshard()
+        yield True
+    finally:
+        for module in modules:
+            module.reshard()
+        for state, auto, groups in saved:
+            state._auto_reshard_after_forward = auto
+            for group, mesh_info in groups:
+                group.post_forward_mesh_info = mesh_info
+
+
+@contextlib.contextmanager
 def policy_generator(trainer: GRPOTrainer, *, batch_size: int) -> Iterator[TransformersGenerator]:
-    """The trainer's current policy as a :class:`TransformersGenerator` (unwrapped, eval mode, no grad)."""
+    """The trainer's current policy as a :class:`TransformersGenerator` (unwrapped, eval mode, no grad; under FSDP2
+    with its full parameters gathered, :func:`fsdp2_full_parameters`)."""
     model = trainer.model_wrapped
     with (unwrap_model_for_generation(model, trainer.accelerator,
                                       gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
                                       gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
-          as unwrapped, torch.no_grad()):
+          as unwrapped, fsdp2_full_parameters(unwrapped) as gathered, torch.no_grad()):
         was_training = unwrapped.training
+        # whole parameters on every rank (FSDP2 gathered here, ZeRO-3 by TRL): each rank generates on its own, so
+        # transformers' synced_gpus (an all-reduce per decoding step) is off; ranks' turns may differ in number
+        whole = gathered or (bool(getattr(trainer, "is_deepspeed_enabled", False))
+                             and bool(trainer.args.ds3_gather_for_generation))
         try:
-            yield TransformersGenerator((unwrapped, trainer.processing_class), batch_size=batch_size)
+            yield TransformersGenerator((unwrapped, trainer.processing_class), batch_size=batch_size,
+                                        synced_gpus=False if whole else None)
         finally:
             unwrapped.train(was_training)
 
