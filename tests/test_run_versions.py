@@ -108,6 +108,16 @@ def test_versions_saved_before_manifests_existed_still_load(tmp_path):
     assert choose_load_versions({"x": [B, A]}, RunManifests(tmp_path)) == {"x": A}
 
 
+def test_a_pinned_version_that_is_not_stored_is_an_error_naming_the_stored_ones(tmp_path):
+    manifests = RunManifests(tmp_path)
+    assert choose_load_versions({"x": [B, A]}, manifests, {"x": A}) == {"x": A}
+    with pytest.raises(RunVersionError, match=rf"--load-versions=x:{C}: x has no such version "
+                                              rf"\(stored, newest first: {B}, {A}\)"):
+        choose_load_versions({"x": [B, A]}, manifests, {"x": C})
+    with pytest.raises(RunVersionError, match=r"\(stored, newest first: none\)"):
+        choose_load_versions({"x": []}, manifests, {"x": C})
+
+
 KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
     from kedro.io import DataCatalog

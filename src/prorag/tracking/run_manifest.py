@@ -144,13 +144,18 @@ def choose_load_versions(available: Mapping[str, Sequence[str]], manifests: RunM
     """The version to load for each versioned input (see the module docstring).
 
     ``available`` maps each input to its stored versions, newest first; ``explicit`` are the versions the user
-    pinned (``kedro run --load-versions``), taken as given. Raises :class:`RunVersionError` when an input has
-    versions but none from a completed run, or when two inputs do not belong together.
+    pinned (``kedro run --load-versions``), taken as given when stored. Raises :class:`RunVersionError` when a pinned
+    version is not stored, when an input has versions but none from a completed run, or when two inputs do not
+    belong together.
     """
     explicit = dict(explicit or {})
     chosen: dict[str, str] = {}
     for name, versions in available.items():
         if name in explicit:
+            if explicit[name] not in versions:
+                stored = ", ".join(versions[:5]) + (", …" if len(versions) > 5 else "") if versions else "none"
+                raise RunVersionError(f"--load-versions={name}:{explicit[name]}: {name} has no such version "
+                                      f"(stored, newest first: {stored})")
             chosen[name] = explicit[name]
             continue
         usable = next((version for version in versions if manifests.usable(version)), None)
