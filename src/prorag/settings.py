@@ -1,6 +1,7 @@
 """Kedro project settings."""
 
 import os
+import warnings
 
 from prorag.config_loader import ProjectConfigLoader
 from prorag.hooks import GpuPreflightHook, MlflowTrackingHook, ParameterValidationHook, ResultScreenHook, RunVersionHook
@@ -11,6 +12,9 @@ os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 # Kedro has configured logging (conf/logging.yml) when it imports this module: every handler (the terminal,
 # info.log) now passes records through the one redaction of secrets (issue 32).
 install_log_redaction()
+# Kedro 1.7's config loader calls OmegaConf's deprecated register_new_resolver on every command: 28 lines of
+# warnings before any output of ours, about code neither prorag nor its user can change.
+warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
 
 # pluggy calls hooks last-registered first: RunVersionHook pins (or refuses) the inputs before an MLflow run opens;
 # GpuPreflightHook before ParameterValidationHook: both run first (tryfirst), the later-registered first;
