@@ -55,8 +55,8 @@ TINY: dict[str, Any] = {
     # training: one optimizer step of each trainer
     "sft.max_steps": 1,
     "sft.gradient_accumulation_steps": 1,
-    # except ReasonRAG's cold-start explorer, kept at the shipped 10 steps x 4: one step leaves it as unable to answer
-    # as the base model, and the MCTS then finds no pair for dpo (the shipped one gave 5 pairs on the 12 questions)
+    # except ReasonRAG's cold-start explorer, kept at the shipped 10 steps x 4 (its MCTS found 5 pairs on the 12
+    # questions; dpo fails when there is no pair to train on)
     "methods.reasonrag.stages.sft.max_steps": 10,
     "methods.reasonrag.stages.sft.gradient_accumulation_steps": 4,
     "rl.questions.max_per_source": 2,
