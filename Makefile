@@ -15,12 +15,13 @@ export PRORAG_CACHE_DIR ?= $(CURDIR)/.cache/prorag
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help setup models train train-all test lint viz mlflow-ui clean gpu-setup gpu-lock
+.PHONY: help setup models train train-all every-pipeline test lint viz mlflow-ui clean gpu-setup gpu-lock
 
 help:
 	@echo "make train       set up, then run the end-to-end pipeline: kedro run --pipelines=train"
 	@echo "make train-all   set up, then train every method of the methods map and compare them (scripts/train_all.py)"
 	@echo "make test        set up, then ruff and the test suite"
+	@echo "make every-pipeline  set up, then run every registered pipeline on tiny slices in a fresh copy"
 	@echo "make setup       virtualenv and pinned install only; make models: also prepare the bundled models"
 	@echo "make lint        ruff only"
 	@echo "make viz         kedro-viz on http://127.0.0.1:4141 (make mlflow-ui: MLflow UI on http://127.0.0.1:5000)"
@@ -59,6 +60,11 @@ train: models
 
 train-all: models
 	$(BIN)/python scripts/train_all.py
+
+# Every pipeline of `kedro registry list`, in dependency order, on a fresh copy of the tracked files with tiny slices
+# (scripts/run_every_pipeline.py); the table of runs also goes to data/08_reporting/every_pipeline.md here.
+every-pipeline: models
+	$(BIN)/python scripts/run_every_pipeline.py --report data/08_reporting/every_pipeline.md
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks experiments scripts

@@ -18,14 +18,14 @@ to ``timings.md`` beside them, and the comparison table (``data/08_reporting/com
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from pipeline_runs import kedro_command, run_all, timings_table
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "data" / "08_reporting"
@@ -46,52 +46,6 @@ def plan(methods: Mapping[str, Mapping[str, Any]], only: Sequence[str] | None = 
     return [f"train_{name}" for name in first + second] + ["compare"]
 
 
-def kedro_command(pipeline: str, env: str | None) -> list[str]:
-    """``kedro run`` of one pipeline in this interpreter (the project's virtualenv)."""
-    return [sys.executable, "-m", "kedro", "run", f"--pipelines={pipeline}", *(["--env", env] if env else [])]
-
-
-def _clock(seconds: float) -> str:
-    minutes, seconds = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
-
-
-def run_all(pipelines: Sequence[str], command: Callable[[str], list[str]], log_dir: Path,
-            echo: Callable[[str], None] = print, *, stop_on_failure: bool = False) -> list[tuple[str, float, int]]:
-    """Run each pipeline's command in order, its output to ``<log_dir>/<pipeline>.log``; a failing run shows its
-    log's tail and the others go on (``stop_on_failure``: none after it). Returns (pipeline, seconds, exit status)
-    of every run made."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    results: list[tuple[str, float, int]] = []
-    started = time.monotonic()
-    for position, pipeline in enumerate(pipelines, start=1):
-        log = log_dir / f"{pipeline}.log"
-        shown = log.relative_to(ROOT) if log.is_relative_to(ROOT) else log
-        echo(f"[{position}/{len(pipelines)}] {pipeline} (log: {shown}; {_clock(time.monotonic() - started)} elapsed)")
-        begin = time.monotonic()
-        with log.open("w", encoding="utf-8") as output:
-            status = subprocess.run(command(pipeline), cwd=ROOT, stdout=output, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}, check=False).returncode
-        results.append((pipeline, time.monotonic() - begin, status))
-        echo(f"      {pipeline}: {'done' if status == 0 else f'FAILED (exit {status})'} in "
-             f"{_clock(results[-1][1])}")
-        if status != 0:
-            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-            echo("\n".join(f"      | {line}" for line in tail))
-            if stop_on_failure:
-                break
-    return results
-
-
-def timings_table(results: Sequence[tuple[str, float, int]], total: float) -> str:
-    """The wall time of every run as Markdown."""
-    lines = ["| pipeline | wall time | status |", "|---|---:|---|"]
-    lines += [f"| {pipeline} | {_clock(seconds)} | {'ok' if status == 0 else f'failed ({status})'} |"
-              for pipeline, seconds, status in results]
-    return "\n".join([*lines, f"| **all** | **{_clock(total)}** | |"]) + "\n"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default=None, help="the Kedro env of every run (default: local)")
@@ -108,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     log_dir = REPORTS / "train_all" / datetime.now(UTC).strftime("%Y-%m-%dT%H.%M.%SZ")
     began = time.monotonic()
-    results = run_all(pipelines, lambda pipeline: kedro_command(pipeline, args.env), log_dir,
+    results = run_all(pipelines, lambda pipeline: kedro_command(pipeline, args.env), log_dir, cwd=ROOT,
                       stop_on_failure=args.stop_on_failure)
     total = time.monotonic() - began
     table = timings_table(results, total)

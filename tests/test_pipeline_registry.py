@@ -337,3 +337,16 @@ def test_a_methods_entry_is_a_training_pipeline(monkeypatch, tmp_path):
     assert {"params:methods.info_gain.reward", "params:methods.info_gain.agent",
             "params:methods.info_gain.stages.rl"} <= set(train.inputs)
     assert train.outputs[0] == "info_gain_adapter" and "sft_adapter" in train.inputs
+
+
+def test_reasonrag_stage_pipelines_run_alone_explore_with_and_continue_the_recipe_s_cold_start(pipelines):
+    """``reasonrag_data`` and ``dpo`` alone do what ``train_reasonrag`` does with them (recipe sft_mcts_dpo): the
+    MCTS explores with the cold-start adapter and DPO continues it (the base SmolLM2 alone finds no pair)."""
+    from prorag.pipeline_registry import cold_start_adapter
+
+    for stage in ("reasonrag_data", "dpo"):
+        assert "reasonrag_sft_adapter" in pipelines[stage].inputs(), stage
+        alone = {node.name: sorted(node.inputs) for node in pipelines[stage].nodes}
+        within = {node.name: sorted(node.inputs) for node in pipelines["train_reasonrag"].nodes if node.name in alone}
+        assert alone == within, stage
+    assert cold_start_adapter("reasonrag", {"recipe": "mcts_dpo"}) is None

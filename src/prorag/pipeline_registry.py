@@ -86,6 +86,12 @@ def for_method(name: str, method: Mapping[str, Any], stages: Pipeline) -> Pipeli
     return pipeline(stages, parameters={source: target for source, target in mapping.items() if source in used})
 
 
+def cold_start_adapter(name: str, method: Mapping[str, Any]) -> str | None:
+    """The dataset of method ``name``'s cold-start SFT adapter (recipe ``sft_mcts_dpo``: the MCTS explores with it
+    and DPO continues it), None for a recipe without one."""
+    return f"{name}_sft_adapter" if method["recipe"] == "sft_mcts_dpo" else None
+
+
 def register_pipelines() -> dict[str, Pipeline]:
     """Every pipeline package, ``train_<method>`` per ``methods`` entry, plus ``index``, ``evaluate``,
     ``train_sft``, ``train_rl``, ``train_rl_instruct`` and ``train`` (the end-to-end job, the default)."""
@@ -109,7 +115,12 @@ def register_pipelines() -> dict[str, Pipeline]:
         "compare": compare.create_pipeline(judging=reward_judging.create_pipeline(),
                                            artifacts=compare_artifacts(methods)),
     }
-    # the stage pipelines of a method with its own agent read that method's parameters when run alone
+    # the stage pipelines of a method with its own agent read that method's parameters when run alone, and
+    # ReasonRAG's explore with and continue its recipe's cold start (sft_mcts_dpo: the <name>_sft_adapter that
+    # train_<name> saves; the base SmolLM2 alone finds no pair, so dpo would have nothing to train on)
+    if "reasonrag" in methods and (cold := cold_start_adapter("reasonrag", methods["reasonrag"])) is not None:
+        pipelines["reasonrag_data"] = reasonrag_data.create_pipeline(explorer_adapter=cold)
+        pipelines["dpo"] = dpo.create_pipeline(init_adapter=cold)
     for stage, owner in (("reasonrag_data", "reasonrag"), ("dpo", "reasonrag"), ("tearag", "tearag")):
         if owner in methods:
             pipelines[stage] = for_method(owner, methods[owner], pipelines[stage])
@@ -176,7 +187,7 @@ class _Recipes:
             # agent beside the base methods on the same dev questions → evaluation and judging. sft_mcts_dpo first
             # trains a cold start in the method's protocol (gold trajectories → LoRA SFT): it explores the trees and
             # DPO continues it (the paper explores with GPT-4o; a 135M policy alone never answers right)
-            cold = f"{name}_sft_adapter" if recipe == "sft_mcts_dpo" else None
+            cold = cold_start_adapter(name, method)
             built = (self.pipelines["index"] + self.pipelines["rollout"] + self.evaluated
                      + reasonrag_data.create_pipeline(explorer_adapter=cold) + dpo.create_pipeline(init_adapter=cold)
                      + trained_policy_rollouts("dpo", [tags.REASONRAG])

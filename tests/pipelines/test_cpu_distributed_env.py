@@ -58,6 +58,20 @@ def _write_pairs(project, pairs: list[dict[str, str]]) -> None:
     (folder / name).write_text("".join(json.dumps(pair) + "\n" for pair in pairs), encoding="utf-8")
 
 
+def _write_cold_start_adapter(project) -> None:
+    """A ``reasonrag_sft_adapter`` version (a fresh LoRA of the tiny model): ``dpo`` continues the ReasonRAG recipe's
+    cold-start explorer, as ``train_reasonrag`` does."""
+    from peft import LoraConfig, get_peft_model
+
+    from prorag.llm.registry import load_causal_lm
+
+    model, _ = load_causal_lm("bundled:tiny-random-llama")
+    name = "reasonrag_sft_adapter"
+    target = project / "data" / "06_models" / name / "2026-01-01T00.00.00.000Z" / name
+    get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                     task_type="CAUSAL_LM")).save_pretrained(target)
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_dpo_trains_on_two_gloo_processes_from_kedro_run(project_copy, mlflow_uri):
@@ -71,6 +85,7 @@ def test_dpo_trains_on_two_gloo_processes_from_kedro_run(project_copy, mlflow_ur
                                  "chosen": f"So the answer is <answer>{right}</answer>",
                                  "rejected": f"So the answer is <answer>{wrong}</answer>"}
                                 for question, right, wrong in questions])
+    _write_cold_start_adapter(project_copy)
     _kedro(project_copy, "dpo")
 
     client = mlflow.MlflowClient(mlflow_uri)

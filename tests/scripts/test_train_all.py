@@ -12,6 +12,7 @@ import pytest
 from prorag.pipeline_registry import configured_methods
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))  # as when the script runs: its folder first (scripts/pipeline_runs.py)
 spec = importlib.util.spec_from_file_location("train_all", ROOT / "scripts" / "train_all.py")
 train_all = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(train_all)

@@ -1,0 +1,283 @@
+"""Run every registered pipeline on a fresh copy of the project, in dependency order, on tiny slices (``make
+every-pipeline``, run in CI after ``make test``).
+
+    python scripts/run_every_pipeline.py                          # a fresh copy in a temporary folder
+    python scripts/run_every_pipeline.py --workdir /tmp/every --report every_pipeline.md
+    python scripts/run_every_pipeline.py --dry-run                # the runs in order, with their --params
+
+The copy holds the git-tracked files only (a fresh clone's working tree: no data/ outputs, no mlflow.db). The
+pipelines are the project's registry (``kedro registry list``), so a new pipeline is run without editing this
+script; a pipeline with the same nodes as one listed before it (``train`` and ``__default__`` are
+``train_hiprag``, ``judge`` is ``reward_judging``) is reported as that one's alias instead of being run twice. The
+order comes from the pipelines' free inputs and outputs: a pipeline that needs a dataset another pipeline writes
+(``rollout`` needs the ``retrieval_index`` that ``index`` writes) runs after every pipeline that writes it, and a
+catalog entry that collects other datasets (one with a ``datasets`` mapping) counts as
+needing those. Each run is one ``kedro run --pipelines=<name> --params <TINY>`` on the default env (conf/base +
+conf/local as shipped: SmolLM2-135M), with :data:`TINY` as the ``--params`` overrides (few questions per dataset,
+one or two optimizer steps, small corpus and KG slices).
+
+A failing run does not stop the others; its log's tail is shown and the command exits 1 naming it. Every run's log
+goes to ``<workdir>/data/08_reporting/every_pipeline/<started>/<pipeline>.log``, the table of wall times and
+statuses to ``every_pipeline.md`` beside them (and to ``--report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from pipeline_runs import Result, kedro_command, run_all, timings_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY: dict[str, Any] = {
+    # the index: the first 12 questions of each file (ReasonRAG's 6 training questions per source and TeaRAG's
+    # sampling set stay available after the evaluated ones are excluded) and 20 background passages
+    "corpus_indexing.max_questions_per_source": 12,
+    "corpus_indexing.max_background_passages": 20,
+    # evaluation: one question per dataset
+    "rollout.questions.max_per_source": 1,
+    "compare.questions.max_per_source": 1,
+    "compare.bootstrap_resamples": 200,
+    "compare.permutation_resamples": 199,
+    # the knowledge graph: one question's passages per dataset and 2 other chunks
+    "kg_extraction.chunks.max_questions_per_source": 1,
+    "kg_extraction.chunks.max_background_chunks": 2,
+    # training: one optimizer step of each trainer
+    "sft.max_steps": 1,
+    "sft.gradient_accumulation_steps": 1,
+    # except ReasonRAG's cold-start explorer, kept at the shipped 10 steps x 4 (its MCTS found 5 pairs on the 12
+    # questions; dpo fails when there is no pair to train on)
+    "methods.reasonrag.stages.sft.max_steps": 10,
+    "methods.reasonrag.stages.sft.gradient_accumulation_steps": 4,
+    "rl.questions.max_per_source": 2,
+    "rl.trainer.max_steps": 1,
+    "rl.trainer.num_generations": 2,
+    "rl.trainer.per_device_train_batch_size": 2,
+    "rl.generation_batch_size": 2,
+    "dpo.trainer.max_steps": 1,
+    "tearag.sft_data.max_questions": 4,
+    "tearag.sft.max_steps": 1,
+    "tearag.ip_dpo.samples_per_question": 2,
+    "tearag.ip_dpo.trainer.max_steps": 1,
+}
+"""The tiny slices, as ``kedro run --params`` overrides a user could pass (every key exists in conf/base)."""
+
+
+class PipelineLike(Protocol):
+    """What the ordering reads of a Kedro ``Pipeline``."""
+
+    @property
+    def nodes(self) -> list[Any]: ...
+
+    def inputs(self) -> set[str]: ...
+
+    def all_outputs(self) -> set[str]: ...
+
+
+def params_option(overrides: Mapping[str, Any]) -> str:
+    """``overrides`` as one ``--params`` value (``key=value`` pairs, comma-separated; no value may hold a comma)."""
+    pairs = []
+    for key, value in overrides.items():
+        text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        if "," in text or "=" in key:
+            raise ValueError(f"--params {key}={text}: a key or value holding ',' or '=' cannot be passed")
+        pairs.append(f"{key}={text}")
+    return ",".join(pairs)
+
+
+def check_overrides(parameters: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
+    """Every override names an existing parameter (a renamed parameter must not be silently added instead)."""
+    missing = []
+    for key in overrides:
+        node: Any = parameters
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                missing.append(key)
+                break
+            node = node[part]
+    if missing:
+        raise SystemExit(f"{__file__}: TINY overrides {', '.join(missing)}: no such parameter in the project's conf")
+
+
+def aliases(pipelines: Mapping[str, PipelineLike]) -> dict[str, str]:
+    """Each pipeline with the same nodes as one registered before it -> that first one."""
+    first: dict[frozenset[Any], str] = {}
+    found: dict[str, str] = {}
+    for name, pipeline in pipelines.items():
+        key = frozenset(pipeline.nodes)
+        if key in first:
+            found[name] = first[key]
+        else:
+            first[key] = name
+    return found
+
+
+def collected_datasets(catalog: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Catalog entries that load other datasets (a ``datasets`` mapping) -> their
+    names: a pipeline reading the entry depends on the pipelines that write them."""
+    return {name: set(entry["datasets"]) for name, entry in catalog.items()
+            if isinstance(entry, Mapping) and isinstance(entry.get("datasets"), Mapping)}
+
+
+def needs(pipeline: PipelineLike, collected: Mapping[str, set[str]]) -> set[str]:
+    """The datasets a pipeline reads but does not write itself (parameters left out), collected ones expanded."""
+    free = {name for name in pipeline.inputs() if not name.startswith("params:") and name != "parameters"}
+    return free | {inner for name in free for inner in collected.get(name, ())}
+
+
+def run_order(pipelines: Mapping[str, PipelineLike], collected: Mapping[str, set[str]] | None = None) -> list[str]:
+    """Every pipeline, each after the pipelines that write a dataset it needs; ties keep registry order.
+
+    A writer comes first unless it needs, through other pipelines, what the reader writes (``train_rl`` writes the
+    ``evaluated_questions`` that ``sft_synthesis`` needs, but needs the ``sft_adapter`` that ``sft`` writes from
+    ``sft_synthesis``' output): pipelines writing a dataset as a final output are ordered first, those writing it
+    along the way only where no such cycle forms. A needed dataset that only a later pipeline writes is an error."""
+    names = list(pipelines)
+    wanted = {name: needs(pipelines[name], collected or {}) for name in names}
+    final = {name: set(pipelines[name].outputs()) for name in names}
+    along = {name: set(pipelines[name].all_outputs()) - final[name] for name in names}
+    before: dict[str, set[str]] = {name: set() for name in names}
+
+    def reaches(start: str, goal: str) -> bool:  # start runs after goal already (through the edges so far)
+        seen, stack = set(), [start]
+        while stack:
+            current = stack.pop()
+            if current == goal:
+                return True
+            if current not in seen:
+                seen.add(current)
+                stack.extend(before[current])
+        return False
+
+    for writes in (final, along):
+        for reader in names:
+            for writer in names:
+                if writer != reader and writes[writer] & wanted[reader] and not reaches(writer, reader):
+                    before[reader].add(writer)
+    order: list[str] = []
+    while len(order) < len(names):
+        order.append(next(name for name in names if name not in order and before[name] <= set(order)))
+    for position, reader in enumerate(order):
+        written = set().union(*(final[name] | along[name] for name in order[:position]))
+        written_later = set().union(*(final[name] | along[name] for name in order[position + 1:]))
+        unmet = sorted((wanted[reader] & written_later) - written)
+        if unmet:
+            raise SystemExit(f"{reader} needs {', '.join(unmet)}, which no pipeline before it writes")
+    return order
+
+
+def plan(pipelines: Mapping[str, PipelineLike], collected: Mapping[str, set[str]] | None = None
+         ) -> tuple[list[str], dict[str, str]]:
+    """The pipelines to run in order, and the aliases left out (alias -> the pipeline run instead)."""
+    same = aliases(pipelines)
+    kept = {name: pipeline for name, pipeline in pipelines.items() if name not in same}
+    return run_order(kept, collected), same
+
+
+def copy_project(source: Path, target: Path) -> int:
+    """Copy the git-tracked files of ``source`` (their working-tree content) into ``target``; returns how many."""
+    listing = subprocess.run(["git", "ls-files", "-z"], cwd=source, capture_output=True, check=False)
+    if listing.returncode != 0:
+        raise SystemExit(f"git ls-files in {source} failed (a git checkout is needed to know the tracked files): "
+                         f"{listing.stderr.decode(errors='replace').strip()}")
+    listed = listing.stdout
+    copied = 0
+    for relative in filter(None, listed.decode("utf-8").split("\0")):
+        origin = source / relative
+        if not origin.exists() and not origin.is_symlink():
+            continue  # deleted in the working tree
+        destination = target / relative
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(origin, destination, follow_symlinks=False)
+        copied += 1
+    return copied
+
+
+def load_project(workdir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The registry's pipelines (in registry order), the catalog config and the parameters of ``workdir``."""
+    from kedro.framework.project import pipelines
+    from kedro.framework.session import KedroSession
+    from kedro.framework.startup import bootstrap_project
+
+    bootstrap_project(workdir)
+    with KedroSession.create(workdir) as session:
+        loader = session.load_context().config_loader
+        catalog, parameters = loader["catalog"], loader["parameters"]
+    return dict(pipelines.items()), catalog, parameters
+
+
+def _prepare_workdir(workdir: Path | None, reuse: bool) -> Path:
+    if workdir is None:
+        return Path(tempfile.mkdtemp(prefix="prorag-every-pipeline-"))
+    workdir = workdir.resolve()
+    if workdir.exists() and any(workdir.iterdir()) and not reuse:
+        raise SystemExit(f"--workdir {workdir} is not empty (a fresh project is wanted; --reuse to run there anyway)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", type=Path, default=None, help="where the fresh copy goes (default: a temp dir)")
+    parser.add_argument("--reuse", action="store_true", help="run in a non-empty --workdir (its data/ kept)")
+    parser.add_argument("--report", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--pipelines", nargs="+", default=None, help="only these (still in dependency order)")
+    parser.add_argument("--params", default=None, help="more --params overrides, after the tiny ones")
+    parser.add_argument("--dry-run", action="store_true", help="print the runs in order and stop")
+    args = parser.parse_args(argv)
+
+    workdir = _prepare_workdir(args.workdir, args.reuse)
+    copied = copy_project(ROOT, workdir)
+    pipelines, catalog, parameters = load_project(workdir)
+    check_overrides(parameters, TINY)
+    order, same = plan(pipelines, collected_datasets(catalog))
+    if args.pipelines:
+        unknown = sorted(set(args.pipelines) - set(pipelines))
+        if unknown:
+            raise SystemExit(f"--pipelines {' '.join(unknown)}: not registered ({', '.join(sorted(pipelines))})")
+        order = [name for name in order if name in args.pipelines]
+    params = ",".join(filter(None, [params_option(TINY), args.params]))
+    print(f"fresh project: {copied} tracked files in {workdir}")
+    print("\n".join(f"{alias}: not run, the same nodes as {name}" for alias, name in same.items()))
+    if args.dry_run:
+        print("\n".join(" ".join(kedro_command(name, None, params)) for name in order))
+        return 0
+    log_dir = workdir / "data" / "08_reporting" / "every_pipeline" / datetime.now(UTC).strftime("%Y-%m-%dT%H.%M.%SZ")
+    began = time.monotonic()
+    results: list[Result] = run_all(order, lambda name: kedro_command(name, None, params), log_dir, cwd=workdir,
+                                    env=_environment(workdir))
+    table = timings_table(results, time.monotonic() - began,
+                          {name: str(log_dir / f"{name}.log") for name, _, _ in results})
+    notes = "".join(f"\n{alias}: the same nodes as {name} (not run again)" for alias, name in same.items())
+    text = f"{table}{notes}\n\n--params {params}\n"
+    for path in filter(None, [log_dir / "every_pipeline.md", args.report]):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    print(f"\n{text}\ntable and logs: {log_dir}")
+    failed = [name for name, _, status in results if status != 0]
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def _environment(workdir: Path) -> dict[str, str]:
+    """The runs' environment: the copy's own source first, and the models ``make models`` prepared in this checkout
+    (``.cache/prorag``, as the Makefile's ``PRORAG_CACHE_DIR``) unless ``PRORAG_CACHE_DIR`` is set."""
+    cache = ROOT / ".cache" / "prorag"
+    extra = {"PRORAG_CACHE_DIR": str(cache)} if not os.environ.get("PRORAG_CACHE_DIR") and cache.is_dir() else {}
+    return {**extra, "PYTHONPATH": str(workdir / "src")}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

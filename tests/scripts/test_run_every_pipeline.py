@@ -1,0 +1,116 @@
+"""scripts/run_every_pipeline.py: every registered pipeline once, each after the pipelines that write what it needs,
+with tiny-slice overrides that name existing parameters (no kedro run here: see `make every-pipeline`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from kedro.pipeline import Node, Pipeline
+
+from prorag.config_loader import ProjectConfigLoader
+from prorag.pipeline_registry import register_pipelines
+from prorag.settings import CONFIG_LOADER_ARGS
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))  # as when the script runs: its folder first (scripts/pipeline_runs.py)
+spec = importlib.util.spec_from_file_location("run_every_pipeline", ROOT / "scripts" / "run_every_pipeline.py")
+every = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(every)
+
+
+def _step(*_: object) -> int:
+    return 0
+
+
+def _pipe(*steps: tuple[list[str], str]) -> Pipeline:
+    return Pipeline([Node(_step, inputs, output, name=f"make_{output}") for inputs, output in steps])
+
+
+@pytest.fixture(scope="module")
+def project() -> tuple[dict[str, Pipeline], dict, dict]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        loader = ProjectConfigLoader(str(ROOT / "conf"), **CONFIG_LOADER_ARGS)
+        return register_pipelines(), dict(loader["catalog"]), dict(loader["parameters"])
+
+
+def test_a_reader_runs_after_every_writer_of_what_it_needs_and_ties_keep_registry_order():
+    pipelines = {
+        "report": _pipe((["table"], "report")),
+        "evaluate": _pipe((["index"], "table")),
+        "build": _pipe((["raw"], "index")),
+        "everything": _pipe((["raw"], "index"), (["index"], "table"), (["table"], "report")),
+        "alone": _pipe((["raw"], "other")),
+    }
+    order = every.run_order(pipelines)
+    assert order == ["build", "everything", "evaluate", "report", "alone"]
+    assert every.needs(pipelines["report"], {}) == {"table"}
+
+
+def test_a_writer_along_the_way_that_needs_the_reader_does_not_make_a_cycle():
+    # train_rl writes evaluated_questions along the way but needs the sft_adapter that sft writes from
+    # sft_synthesis, which needs evaluated_questions: sft_synthesis runs after `full`, train_rl after sft
+    pipelines = {
+        "train_rl": _pipe((["index"], "evaluated"), (["evaluated", "adapter"], "rl_adapter")),
+        "sft_synthesis": _pipe((["evaluated"], "sft_data")),
+        "sft": _pipe((["sft_data"], "adapter")),
+        "full": _pipe((["raw"], "index"), (["index"], "evaluated")),
+    }
+    order = every.run_order(pipelines)
+    assert order == ["full", "sft_synthesis", "sft", "train_rl"]
+    with pytest.raises(SystemExit, match="sft_synthesis needs evaluated, which no pipeline before it writes"):
+        every.run_order({name: pipelines[name] for name in ("train_rl", "sft_synthesis", "sft")})
+
+
+def test_a_collecting_catalog_entry_orders_its_reader_after_the_writers_of_what_it_collects():
+    pipelines = {"compare": _pipe((["trained"], "comparison")), "train": _pipe((["raw"], "adapter"))}
+    assert every.run_order(pipelines) == ["compare", "train"]
+    collected = every.collected_datasets({"trained": {"type": "x.Latest", "datasets": {"adapter": {}}},
+                                          "raw": {"type": "x.Json", "filepath": "raw.json"}})
+    assert collected == {"trained": {"adapter"}}
+    assert every.run_order(pipelines, collected) == ["train", "compare"]
+
+
+def test_every_registered_pipeline_is_run_once_or_named_as_the_alias_of_one_that_is(project):
+    pipelines, catalog, _ = project
+    order, same = every.plan(pipelines, every.collected_datasets(catalog))
+    assert sorted(order + list(same)) == sorted(pipelines)
+    assert len(set(order)) == len(order)
+    assert same == {"judge": "reward_judging", "train": "train_hiprag", "__default__": "train_hiprag"}
+    position = order.index
+    assert position("data_preparation") < position("corpus_indexing") < position("rollout") < position("evaluation")
+    assert position("sft_synthesis") < position("sft") < position("rl")
+    assert position("kg_extraction") < position("rollout_kag") and position("reasonrag_data") < position("dpo")
+    assert order[-1] == "compare"  # trained_artifacts collects every method's adapter
+    assert all(position(f"train_{name}") < position("compare") for name in ("hiprag", "reasonrag", "tearag"))
+
+
+def test_the_tiny_overrides_name_existing_parameters_and_pass_as_one_params_option(project):
+    _, _, parameters = project
+    every.check_overrides(parameters, every.TINY)
+    with pytest.raises(SystemExit, match=r"rollout\.questions\.max_per_sorce"):
+        every.check_overrides(parameters, {"rollout.questions.max_per_sorce": 1})
+    option = every.params_option({"a.b": 1, "c": None, "d": True, "e": "x"})
+    assert option == "a.b=1,c=null,d=true,e=x"
+    with pytest.raises(ValueError, match="a=1,2"):
+        every.params_option({"a": "1,2"})
+
+
+def test_the_fresh_copy_holds_the_tracked_files_only(tmp_path):
+    source = tmp_path / "source"
+    (source / "data" / "01_raw").mkdir(parents=True)
+    (source / "data" / "01_raw" / "q.jsonl").write_text("{}\n")
+    (source / "kept.py").write_text("x = 1\n")
+    subprocess.run(["git", "init", "-q"], cwd=source, check=True)
+    subprocess.run(["git", "add", "kept.py", "data/01_raw/q.jsonl"], cwd=source, check=True)
+    (source / "data" / "08_reporting").mkdir()
+    (source / "data" / "08_reporting" / "old.csv").write_text("stale\n")
+    (source / "kept.py").write_text("x = 2\n")  # the working tree's content of a tracked file
+    assert every.copy_project(source, tmp_path / "copy") == 2
+    assert (tmp_path / "copy" / "kept.py").read_text() == "x = 2\n"
+    assert not (tmp_path / "copy" / "data" / "08_reporting").exists()
