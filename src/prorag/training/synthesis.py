@@ -609,12 +609,12 @@ FIRST_HOP_DATASET: Final = "first_hop"
 """``Question.dataset`` of a sub-question asked on its own (:func:`hop_questions`)."""
 
 
-def hop_questions(question: Question, *, later: bool = False) -> list[Question]:
+def hop_questions(question: Question, *, first: bool = True, later: bool = False) -> list[Question]:
     """Sub-questions of a MuSiQue-style decomposition (``metadata.question_decomposition``) as single-hop questions
     of their own — same split and source, id ``<id>#hop<k>``, the sub-answer as the golden answer. The first one
-    only, or with ``later`` every one, its ``#j`` placeholders replaced by the earlier sub-answers ("Who was the
-    first president of #1?" → "... of American Psychological Association?"). A hop that is no question on its own
-    (a ``>>`` relation, an unknown ``#j``) or lacks an answer is left out."""
+    (``first``) and, with ``later``, every later one, its ``#j`` placeholders replaced by the earlier sub-answers
+    ("Who was the first president of #1?" → "... of American Psychological Association?"). A hop that is no
+    question on its own (a ``>>`` relation, an unknown ``#j``) or lacks an answer is left out."""
     decomposition = question.metadata.get("question_decomposition")
     if not isinstance(decomposition, list):
         return []
@@ -625,7 +625,8 @@ def hop_questions(question: Question, *, later: bool = False) -> list[Question]:
         if not isinstance(text, str) or not isinstance(answer, str) or not text.strip() or not answer.strip():
             break  # the later hops refer to this one's answer
         answers.append(normalize_text(answer))
-        if ">>" in text or any(int(j) > len(answers) - 1 or int(j) < 1 for j in _PLACEHOLDER.findall(text)):
+        unknown = any(int(j) > len(answers) - 1 or int(j) < 1 for j in _PLACEHOLDER.findall(text))
+        if (index == 1 and not first) or ">>" in text or unknown:
             continue
         text = _tidy(normalize_text(_PLACEHOLDER.sub(lambda match: answers[int(match.group(1)) - 1], text)))
         text = text if text.endswith("?") else f"{text}?"
@@ -653,8 +654,7 @@ def synthesize_trajectories(questions: Sequence[Question], retriever: Retriever 
     """
     if first_hops or later_hops:
         questions = [derived for question in questions
-                     for derived in (question, *[hop for hop in hop_questions(question, later=later_hops)
-                                                 if (first_hops if hop.id == f"{question.id}#hop1" else later_hops)])]
+                     for derived in (question, *hop_questions(question, first=first_hops, later=later_hops))]
     skipped: dict[str, str] = {}
     decomposed: dict[str, _Plan] = {}
     single: list[Question] = []
