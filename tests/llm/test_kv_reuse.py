@@ -167,3 +167,26 @@ def test_smollm2_rollouts_with_searches_are_identical_with_and_without_reuse(one
     assert [signature(r) for r in ours] == [signature(r) for r in theirs]
     assert ours[0].retrieval_count >= 1 and ours[0].context_tokens > 0  # a context was inserted mid-rollout
     assert stats.cache_hit_rate > 0.5
+
+
+def test_batched_multi_turn_generation_runs_under_bf16_autocast_over_fp32_weights(one_torch_thread):
+    """Full-parameter training generates with fp32 masters under accelerate's bf16 autocast: keys reach the cache
+    in fp32 (rotary) and values in bf16. The batched (StaticCache) path failed there on an H200 (smoke test)."""
+    model, tokenizer = load_causal_lm(BUNDLED_TINY_LLAMA)
+    assert model.dtype == torch.float32
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)  # what accelerate's bf16 does
+    generator = TransformersGenerator((model, tokenizer), batch_size=4)
+    sequences = [generator.encode(f"Question {row}: " + "word " * (3 + 7 * row)) for row in range(3)]
+    params = SamplingParams(max_new_tokens=8)
+    for _turn in range(2):  # the second turn writes the first turn's cached bf16/fp32 KV into a static cache
+        outputs = generator.generate(sequences, params)
+        assert all(len(samples[0].token_ids) > 0 for samples in outputs)
+        sequences = [ids + samples[0].token_ids + [101, 102] for ids, samples in zip(sequences, outputs, strict=True)]
+    assert generator.stats.cached_tokens > 0
+
+
+def test_generation_never_compiles_the_forward(tiny_pair):
+    """Each batch's cache has its own length, so transformers' auto-compile on CUDA recompiled on nearly every
+    call (H200 smoke test: 2.5 tokens/s; 60.9 with it off)."""
+    config = TransformersGenerator(tiny_pair)._generation_config(SamplingParams(max_new_tokens=4))
+    assert config.disable_compile is True

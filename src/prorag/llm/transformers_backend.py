@@ -62,6 +62,22 @@ from prorag.llm.registry import load_causal_lm
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+class _OneDtypeStaticCache(StaticCache):
+    """A ``StaticCache`` that stores a layer's keys and values in one dtype.
+
+    Under autocast over fp32 weights (full-parameter training: fp32 masters, bf16 compute) Llama's rotary embedding
+    multiplies the bf16 keys by fp32 cos/sin, so keys arrive in fp32 and values in bf16; the stock layer allocates
+    both in the keys' dtype and its ``index_copy_`` then refuses the values (found by the GPU smoke test on an H200,
+    reproduced on the CPU under bf16 autocast).
+    """
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.layers[layer_idx] if layer_idx < len(self.layers) else None
+        dtype = layer.dtype if layer is not None and layer.is_initialized else key_states.dtype
+        return super().update(key_states.to(dtype), value_states.to(dtype), layer_idx, *args, **kwargs)
+
+
 _STOP_WINDOW_MARGIN = 8  # extra tokens decoded beyond the longest stop string's length in characters
 _MIN_SHARED_SAVING = 16  # prefill tokens a shared prefix must save to be worth its own forward pass
 # tokenizer -> {characters: token ids whose decoding holds one} (see TransformersGenerator._tokens_with)
@@ -336,7 +352,7 @@ class TransformersGenerator:
             attention[row, width - suffix :] = 1
         static = len(prompts) > 1 and 0 < new_tokens <= width
         cache: DynamicCache | StaticCache | None = (
-            StaticCache(config=self.model.config, max_cache_len=width + new_tokens) if static else None)
+            _OneDtypeStaticCache(config=self.model.config, max_cache_len=width + new_tokens) if static else None)
         if cached_width:
             device = self.model.device
             layers: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -451,6 +467,9 @@ class TransformersGenerator:
             "eos_token_id": sorted(self.eos_token_ids),
             "pad_token_id": self.pad_token_id,
             "return_dict_in_generate": True,
+            # transformers compiles the forward on CUDA when the past is a StaticCache; every batch here has its own
+            # cache length and width, so it recompiled on nearly every call (H200: 2.5 tokens/s in the smoke test)
+            "disable_compile": True,
         }
         if sample:  # warpers exist only when sampling; set them all so model defaults cannot leak in
             options.update(temperature=params.temperature, top_p=params.top_p, top_k=0, typical_p=1.0)
