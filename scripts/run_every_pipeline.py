@@ -10,11 +10,10 @@ pipelines are the project's registry (``kedro registry list``), so a new pipelin
 script; a pipeline with the same nodes as one listed before it (``train`` and ``__default__`` are
 ``train_hiprag``, ``judge`` is ``reward_judging``) is reported as that one's alias instead of being run twice. The
 order comes from the pipelines' free inputs and outputs: a pipeline that needs a dataset another pipeline writes
-(``rollout`` needs the ``retrieval_index`` that ``index`` writes) runs after every pipeline that writes it, and a
-catalog entry that collects other datasets (one with a ``datasets`` mapping) counts as
-needing those. Each run is one ``kedro run --pipelines=<name> --params <TINY>`` on the default env (conf/base +
-conf/local as shipped: SmolLM2-135M), with :data:`TINY` as the ``--params`` overrides (few questions per dataset,
-one or two optimizer steps, small corpus and KG slices).
+(``rollout`` needs the ``retrieval_index`` that ``index`` writes; ``compare`` each method's adapter) runs after
+every pipeline that writes it. Each run is one ``kedro run --pipelines=<name> --params <TINY>`` on the default env
+(conf/base + conf/local as shipped: SmolLM2-135M), with :data:`TINY` as the ``--params`` overrides (few questions
+per dataset, one or two optimizer steps, small corpus and KG slices).
 
 A failing run does not stop the others; its log's tail is shown and the command exits 1 naming it. Every run's log
 goes to ``<workdir>/data/08_reporting/every_pipeline/<started>/<pipeline>.log``, the table of wall times and
@@ -122,20 +121,12 @@ def aliases(pipelines: Mapping[str, PipelineLike]) -> dict[str, str]:
     return found
 
 
-def collected_datasets(catalog: Mapping[str, Any]) -> dict[str, set[str]]:
-    """Catalog entries that load other datasets (a ``datasets`` mapping) -> their
-    names: a pipeline reading the entry depends on the pipelines that write them."""
-    return {name: set(entry["datasets"]) for name, entry in catalog.items()
-            if isinstance(entry, Mapping) and isinstance(entry.get("datasets"), Mapping)}
+def needs(pipeline: PipelineLike) -> set[str]:
+    """The datasets a pipeline reads but does not write itself (parameters left out)."""
+    return {name for name in pipeline.inputs() if not name.startswith("params:") and name != "parameters"}
 
 
-def needs(pipeline: PipelineLike, collected: Mapping[str, set[str]]) -> set[str]:
-    """The datasets a pipeline reads but does not write itself (parameters left out), collected ones expanded."""
-    free = {name for name in pipeline.inputs() if not name.startswith("params:") and name != "parameters"}
-    return free | {inner for name in free for inner in collected.get(name, ())}
-
-
-def run_order(pipelines: Mapping[str, PipelineLike], collected: Mapping[str, set[str]] | None = None) -> list[str]:
+def run_order(pipelines: Mapping[str, PipelineLike]) -> list[str]:
     """Every pipeline, each after the pipelines that write a dataset it needs; ties keep registry order.
 
     A writer comes first unless it needs, through other pipelines, what the reader writes (``train_rl`` writes the
@@ -143,7 +134,7 @@ def run_order(pipelines: Mapping[str, PipelineLike], collected: Mapping[str, set
     ``sft_synthesis``' output): pipelines writing a dataset as a final output are ordered first, those writing it
     along the way only where no such cycle forms. A needed dataset that only a later pipeline writes is an error."""
     names = list(pipelines)
-    wanted = {name: needs(pipelines[name], collected or {}) for name in names}
+    wanted = {name: needs(pipelines[name]) for name in names}
     final = {name: set(pipelines[name].outputs()) for name in names}
     along = {name: set(pipelines[name].all_outputs()) - final[name] for name in names}
     before: dict[str, set[str]] = {name: set() for name in names}
@@ -176,12 +167,11 @@ def run_order(pipelines: Mapping[str, PipelineLike], collected: Mapping[str, set
     return order
 
 
-def plan(pipelines: Mapping[str, PipelineLike], collected: Mapping[str, set[str]] | None = None
-         ) -> tuple[list[str], dict[str, str]]:
+def plan(pipelines: Mapping[str, PipelineLike]) -> tuple[list[str], dict[str, str]]:
     """The pipelines to run in order, and the aliases left out (alias -> the pipeline run instead)."""
     same = aliases(pipelines)
     kept = {name: pipeline for name, pipeline in pipelines.items() if name not in same}
-    return run_order(kept, collected), same
+    return run_order(kept), same
 
 
 def copy_project(source: Path, target: Path) -> int:
@@ -203,8 +193,8 @@ def copy_project(source: Path, target: Path) -> int:
     return copied
 
 
-def load_project(workdir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The registry's pipelines (in registry order), the catalog config and the parameters of ``workdir``."""
+def load_project(workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The registry's pipelines (in registry order) and the parameters of ``workdir``."""
     from kedro.framework.project import pipelines
     from kedro.framework.session import KedroSession
     from kedro.framework.startup import bootstrap_project
@@ -212,8 +202,8 @@ def load_project(workdir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[st
     bootstrap_project(workdir)
     with KedroSession.create(workdir) as session:
         loader = session.load_context().config_loader
-        catalog, parameters = loader["catalog"], loader["parameters"]
-    return dict(pipelines.items()), catalog, parameters
+        parameters = loader["parameters"]
+    return dict(pipelines.items()), parameters
 
 
 def _prepare_workdir(workdir: Path | None, reuse: bool) -> Path:
@@ -238,9 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     workdir = _prepare_workdir(args.workdir, args.reuse)
     copied = copy_project(ROOT, workdir)
-    pipelines, catalog, parameters = load_project(workdir)
+    pipelines, parameters = load_project(workdir)
     check_overrides(parameters, TINY)
-    order, same = plan(pipelines, collected_datasets(catalog))
+    order, same = plan(pipelines)
     if args.pipelines:
         unknown = sorted(set(args.pipelines) - set(pipelines))
         if unknown:

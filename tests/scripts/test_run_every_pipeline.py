@@ -32,11 +32,11 @@ def _pipe(*steps: tuple[list[str], str]) -> Pipeline:
 
 
 @pytest.fixture(scope="module")
-def project() -> tuple[dict[str, Pipeline], dict, dict]:
+def project() -> tuple[dict[str, Pipeline], dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         loader = ProjectConfigLoader(str(ROOT / "conf"), **CONFIG_LOADER_ARGS)
-        return register_pipelines(), dict(loader["catalog"]), dict(loader["parameters"])
+        return register_pipelines(), dict(loader["parameters"])
 
 
 def test_a_reader_runs_after_every_writer_of_what_it_needs_and_ties_keep_registry_order():
@@ -49,7 +49,7 @@ def test_a_reader_runs_after_every_writer_of_what_it_needs_and_ties_keep_registr
     }
     order = every.run_order(pipelines)
     assert order == ["build", "everything", "evaluate", "report", "alone"]
-    assert every.needs(pipelines["report"], {}) == {"table"}
+    assert every.needs(pipelines["report"]) == {"table"}
 
 
 def test_a_writer_along_the_way_that_needs_the_reader_does_not_make_a_cycle():
@@ -67,18 +67,15 @@ def test_a_writer_along_the_way_that_needs_the_reader_does_not_make_a_cycle():
         every.run_order({name: pipelines[name] for name in ("train_rl", "sft_synthesis", "sft")})
 
 
-def test_a_collecting_catalog_entry_orders_its_reader_after_the_writers_of_what_it_collects():
-    pipelines = {"compare": _pipe((["trained"], "comparison")), "train": _pipe((["raw"], "adapter"))}
-    assert every.run_order(pipelines) == ["compare", "train"]
-    collected = every.collected_datasets({"trained": {"type": "x.Latest", "datasets": {"adapter": {}}},
-                                          "raw": {"type": "x.Json", "filepath": "raw.json"}})
-    assert collected == {"trained": {"adapter"}}
-    assert every.run_order(pipelines, collected) == ["train", "compare"]
+def test_compare_runs_after_the_pipelines_that_write_the_adapters_it_reads():
+    pipelines = {"compare": _pipe((["adapter", "rl_adapter"], "comparison")), "train": _pipe((["raw"], "adapter")),
+                 "train_rl": _pipe((["adapter"], "rl_adapter"))}
+    assert every.run_order(pipelines) == ["train", "train_rl", "compare"]
 
 
 def test_every_registered_pipeline_is_run_once_or_named_as_the_alias_of_one_that_is(project):
-    pipelines, catalog, _ = project
-    order, same = every.plan(pipelines, every.collected_datasets(catalog))
+    pipelines, _ = project
+    order, same = every.plan(pipelines)
     assert sorted(order + list(same)) == sorted(pipelines)
     assert len(set(order)) == len(order)
     assert same == {"judge": "reward_judging", "train": "train_hiprag", "__default__": "train_hiprag"}
@@ -86,12 +83,12 @@ def test_every_registered_pipeline_is_run_once_or_named_as_the_alias_of_one_that
     assert position("data_preparation") < position("corpus_indexing") < position("rollout") < position("evaluation")
     assert position("sft_synthesis") < position("sft") < position("rl")
     assert position("kg_extraction") < position("rollout_kag") and position("reasonrag_data") < position("dpo")
-    assert order[-1] == "compare"  # trained_artifacts collects every method's adapter
+    assert order[-1] == "compare"  # it reads every method's adapter
     assert all(position(f"train_{name}") < position("compare") for name in ("hiprag", "reasonrag", "tearag"))
 
 
 def test_the_tiny_overrides_name_existing_parameters_and_pass_as_one_params_option(project):
-    _, _, parameters = project
+    _, parameters = project
     every.check_overrides(parameters, every.TINY)
     with pytest.raises(SystemExit, match=r"rollout\.questions\.max_per_sorce"):
         every.check_overrides(parameters, {"rollout.questions.max_per_sorce": 1})
