@@ -62,6 +62,7 @@ from prorag.llm.registry import load_causal_lm
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+
 class _OneDtypeStaticCache(StaticCache):
     """A ``StaticCache`` that stores a layer's keys and values in one dtype.
 
