@@ -304,6 +304,26 @@ def test_search_r1_budget_counts_searches(scripted, keyword_retriever):
     assert not rollout.format_ok  # a search without information: the budget was exceeded
 
 
+def test_reasonrag_query_inside_the_evidence_span_is_malformed_not_a_search(scripted, keyword_retriever):
+    """The DPO policy of a measured run wrote ``the next query is <query>q</query>`` where its evidence belonged:
+    before, every such query was retrieved and the trajectory looped to its token budget (12 turns)."""
+    generator = scripted({
+        Q1: "So the next query is <query>Harvey Pekar</query>the next query is <query>Harvey Pekar</query>"
+            "So the answer is <answer>Denise Levertov</answer>",
+        Q2: "So the next query is <query>Centaurium</query>Centaurium is a genus.</evidence>\n"
+            "So the answer is <answer>yes</answer>",
+    })
+    retriever = keyword_retriever()
+    looping, valid = engine(generator, retriever, protocol="reasonrag", step_budget=2).run([Q1, Q2])
+    assert looping.stop_reason == "malformed" and not looping.format_ok and looping.answer is None
+    assert looping.retrieval_count == 1 and looping.turns == 2
+    assert looping.completion.endswith("<evidence>the next query is <query>Harvey Pekar</query>")
+    assert valid.stop_reason == "answer" and valid.format_ok and valid.answer == "yes"
+    assert retriever.calls == [(["Harvey Pekar", "Centaurium"], 3)]
+    for rollout in (looping, valid):
+        check_accounting(rollout)
+
+
 def test_invalid_settings_are_rejected(scripted, keyword_retriever):
     generator = scripted({Q1: ""})
     with pytest.raises(ValueError, match="protocol"):

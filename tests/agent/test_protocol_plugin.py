@@ -43,7 +43,7 @@ class ToyAdapter:
     def initial_prefix(self) -> str:
         return ""
 
-    def boundary(self, stop: str) -> Boundary | None:
+    def boundary(self, stop: str, completion: str) -> Boundary | None:
         return {"</q>": "search", "</a>": "answer"}.get(stop)  # type: ignore[return-value]
 
     def query(self, transcript: str) -> str:

@@ -46,8 +46,14 @@ def test_violations_fail_the_check(text: str) -> None:
 
 def test_adapter_is_registered_and_maps_boundaries() -> None:
     adapter = get_protocol("reasonrag")
-    assert adapter.boundary("</query>") == "search" and adapter.boundary("</evidence>") == "step"
-    assert adapter.boundary("</answer>") == "answer" and adapter.boundary("</x>") is None
+    reasoning = "So the next query is <query>q</query>"
+    assert adapter.boundary("</query>", reasoning) == "search"
+    assert adapter.boundary("</evidence>", "<evidence>e</evidence>") == "step"
+    assert adapter.boundary("</answer>", "So the answer is <answer>a</answer>") == "answer"
+    assert adapter.boundary("</x>", "</x>") is None
+    inside_evidence = f"{reasoning}\n<documents>\nd\n</documents>\nThe evidence is <evidence>the next "
+    assert adapter.boundary("</query>", inside_evidence + "query is <query>q</query>") == "malformed"
+    assert adapter.boundary("</answer>", inside_evidence + "answer is <answer>a</answer>") == "malformed"
     assert adapter.query("a <query>old</query> b <query> new </query>") == "new"
     steps = adapter.steps(VALID)
     assert steps is not None and [step["kind"] for step in steps] == ["search", "non_search"]

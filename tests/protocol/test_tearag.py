@@ -78,9 +78,9 @@ def test_adapter_satisfies_the_contract_and_encodes_entities() -> None:
     adapter = get_protocol("tearag", few_shot=False)
     assert isinstance(adapter, TeaRAGAdapter)
     assert isinstance(adapter, ProtocolAdapter)
-    assert adapter.boundary("</subquery>") == "search"
-    assert adapter.boundary("</summary>") == "step"
-    assert adapter.boundary("</answer>") == "answer"
+    assert adapter.boundary("</subquery>", "<subquery>q</subquery>") == "search"
+    assert adapter.boundary("</summary>", "<summary>s</summary>") == "step"
+    assert adapter.boundary("</answer>", "<answer>a</answer>") == "answer"
     transcript = adapter.initial_prefix() + "Jaws; Steven Spielberg</entities>\n<subquery>Who directed Jaws?</subquery>"
     query = adapter.query(transcript)
     assert "Who directed Jaws?" in query and "Jaws" in query and "Steven Spielberg" in query

@@ -269,7 +269,8 @@ class RolloutEngine:
         completion = self._join_split_boundary(state, completion)
         state.add(Segment(text=completion.text, token_ids=list(completion.token_ids), kind="generated",
                           logprobs=None if completion.logprobs is None else list(completion.logprobs)))
-        boundary = self.adapter.boundary(completion.stop) if completion.stop is not None else None
+        boundary = (self.adapter.boundary(completion.stop, state.completion) if completion.stop is not None
+                    else None)
         if completion.finish_reason == "stop" and completion.stop is None:
             state.stop_reason = "eos"
         elif state.forced:
@@ -280,6 +281,8 @@ class RolloutEngine:
             # otherwise the forced answer goes on: other boundaries are plain text here
         elif boundary == "answer":
             state.stop_reason = "answer"
+        elif boundary == "malformed":
+            state.stop_reason = "malformed"
         elif self._remaining(state) <= 0:
             state.stop_reason = "no_boundary" if boundary is None else "token_budget"
         elif boundary == "search":

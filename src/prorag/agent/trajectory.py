@@ -19,6 +19,9 @@ Stop reasons (:data:`STOP_REASONS`, a closed set):
 * ``"token_budget"`` — the token budget ran out exactly at a boundary (the last generation ended with
   ``</search>`` / ``</conclusion>``, or the forced answer could not start): nothing was left to generate
   the next part. Nothing is inserted after that boundary.
+* ``"malformed"`` — the model closed an action where its protocol allows none (the adapter's boundary is
+  ``"malformed"``: a ReasonRAG query inside the evidence span). Nothing is retrieved or inserted; the
+  completion fails the format check.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any, Final, Literal, get_args
 
 from prorag.protocol.base import StepDict
 
-StopReason = Literal["answer", "forced_answer", "eos", "no_boundary", "token_budget"]
+StopReason = Literal["answer", "forced_answer", "eos", "no_boundary", "token_budget", "malformed"]
 STOP_REASONS: Final[tuple[str, ...]] = get_args(StopReason)
 
 SegmentKind = Literal["generated", "context", "tag"]

@@ -12,8 +12,10 @@ from typing import Final, Literal, Protocol, runtime_checkable
 
 from prorag.protocol.escaping import escape_retrieved
 
-Boundary = Literal["search", "step", "answer"]
-"""What a stop string means to the engine: run a search, close a step, or end with the answer."""
+Boundary = Literal["search", "step", "answer", "malformed"]
+"""What a stop string means to the engine: run a search, close a step, end with the answer, or end the trajectory
+as a format failure (``malformed``: an action closed where the protocol does not allow one, e.g. a ReasonRAG
+query written inside the evidence span)."""
 
 StepDict = dict[str, str | None]
 """A parsed step: ``kind`` (``"search"``/``"non_search"``), ``reasoning``, ``query``, ``context``,
@@ -32,7 +34,9 @@ class ProtocolAdapter(Protocol):
 
     def messages(self, question: str) -> list[dict[str, str]]: ...
     def initial_prefix(self) -> str: ...
-    def boundary(self, stop: str) -> Boundary | None: ...
+    def boundary(self, stop: str, completion: str) -> Boundary | None:
+        """What ``stop`` means where it was written: ``completion`` is the trajectory so far, ending with it."""
+        ...
     def query(self, transcript: str) -> str: ...
     def insertion(self, docs_text: str) -> str: ...
     def after_step(self, step_index: int, budget: int) -> str: ...

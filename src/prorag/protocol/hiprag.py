@@ -534,7 +534,7 @@ class HiPRAGAdapter:
     def initial_prefix(self) -> str:
         return initial_prefix()
 
-    def boundary(self, stop: str) -> Boundary | None:
+    def boundary(self, stop: str, completion: str) -> Boundary | None:
         return _BOUNDARIES.get(stop)
 
     def query(self, transcript: str) -> str:

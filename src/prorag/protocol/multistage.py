@@ -246,7 +246,7 @@ class MultistageAdapter:
     def initial_prefix(self) -> str:
         return ""  # the model opens its first <think> itself
 
-    def boundary(self, stop: str) -> Boundary | None:
+    def boundary(self, stop: str, completion: str) -> Boundary | None:
         return _BOUNDARIES.get(stop)
 
     def query(self, transcript: str) -> str:

@@ -358,8 +358,14 @@ class ReasonRAGAdapter:
     def initial_prefix(self) -> str:
         return ""
 
-    def boundary(self, stop: str) -> Boundary | None:
-        return _BOUNDARIES.get(stop)
+    def boundary(self, stop: str, completion: str) -> Boundary | None:
+        """A query or an answer closed inside the evidence span the engine opened (Grounding stage, where
+        Algorithm 1 allows only the evidence) is ``malformed``, not a search: no retrieval, and the trajectory
+        ends as a format failure."""
+        boundary = _BOUNDARIES.get(stop)
+        if boundary in ("search", "answer") and completion.rfind(EVIDENCE_OPEN) > completion.rfind(EVIDENCE_CLOSE):
+            return "malformed"
+        return boundary
 
     def query(self, transcript: str) -> str:
         return last_query(transcript) or ""
