@@ -54,10 +54,11 @@ TINY: dict[str, Any] = {
     # training: one optimizer step of each trainer
     "sft.max_steps": 1,
     "sft.gradient_accumulation_steps": 1,
-    # except ReasonRAG's cold-start explorer, kept at the shipped 10 steps x 4 (its MCTS found 5 pairs on the 12
-    # questions; dpo fails when there is no pair to train on)
-    "methods.reasonrag.stages.sft.max_steps": 10,
+    # except ReasonRAG's cold-start explorer, kept at the shipped 16 steps x 4: MCTS needs an explorer that is
+    # sometimes right (dpo fails when there is no pair to train on); 12 MCTS questions instead of 24
+    "methods.reasonrag.stages.sft.max_steps": 16,
     "methods.reasonrag.stages.sft.gradient_accumulation_steps": 4,
+    "reasonrag_data.questions.max_per_source": 6,
     "rl.questions.max_per_source": 2,
     "rl.trainer.max_steps": 1,
     "rl.trainer.num_generations": 2,
@@ -70,6 +71,13 @@ TINY: dict[str, Any] = {
     "tearag.ip_dpo.trainer.max_steps": 1,
 }
 """The tiny slices, as ``kedro run --params`` overrides a user could pass (every key exists in conf/base)."""
+
+PIPELINE_PARAMS: dict[str, dict[str, Any]] = {
+    # GRPO from the instruct model: the shared rl block continues the SFT adapter (rl.init: sft), and this
+    # pipeline refuses to run unless told to start from the instruct model instead (docs/hiprag.md; conf/gpu sets it)
+    "train_rl_instruct": {"rl.init": "instruct"},
+}
+"""Overrides one pipeline needs beside :data:`TINY`: the parameters its documentation says to set."""
 
 
 class PipelineLike(Protocol):
@@ -127,43 +135,33 @@ def needs(pipeline: PipelineLike) -> set[str]:
 
 
 def run_order(pipelines: Mapping[str, PipelineLike]) -> list[str]:
-    """Every pipeline, each after the pipelines that write a dataset it needs; ties keep registry order.
+    """Every pipeline once, each after a pipeline that writes each dataset it needs (a need no pipeline writes is a
+    raw input); among the pipelines ready to run, registry order, except that one which would rewrite what
+    another ready pipeline reads waits for it.
 
-    A writer comes first unless it needs, through other pipelines, what the reader writes (``train_rl`` writes the
-    ``evaluated_questions`` that ``sft_synthesis`` needs, but needs the ``sft_adapter`` that ``sft`` writes from
-    ``sft_synthesis``' output): pipelines writing a dataset as a final output are ordered first, those writing it
-    along the way only where no such cycle forms. A needed dataset that only a later pipeline writes is an error."""
+    A run loads the newest version of each input and checks that the versions belong together (the run manifests'
+    lineage): once ``train_hiprag`` has written ``sft_adapter`` from one ``evaluated_questions``, a ``train_rl``
+    run that writes ``evaluated_questions`` again would leave the ``rl`` stage pipeline, which reads both, with
+    inputs of two lineages. So ``rl`` runs first. A need that only a pipeline waiting on the reader writes is an
+    error naming it."""
     names = list(pipelines)
     wanted = {name: needs(pipelines[name]) for name in names}
-    final = {name: set(pipelines[name].outputs()) for name in names}
-    along = {name: set(pipelines[name].all_outputs()) - final[name] for name in names}
-    before: dict[str, set[str]] = {name: set() for name in names}
-
-    def reaches(start: str, goal: str) -> bool:  # start runs after goal already (through the edges so far)
-        seen, stack = set(), [start]
-        while stack:
-            current = stack.pop()
-            if current == goal:
-                return True
-            if current not in seen:
-                seen.add(current)
-                stack.extend(before[current])
-        return False
-
-    for writes in (final, along):
-        for reader in names:
-            for writer in names:
-                if writer != reader and writes[writer] & wanted[reader] and not reaches(writer, reader):
-                    before[reader].add(writer)
+    writes = {name: set(pipelines[name].all_outputs()) for name in names}
+    produced = set().union(*writes.values())
     order: list[str] = []
+    written: set[str] = set()
     while len(order) < len(names):
-        order.append(next(name for name in names if name not in order and before[name] <= set(order)))
-    for position, reader in enumerate(order):
-        written = set().union(*(final[name] | along[name] for name in order[:position]))
-        written_later = set().union(*(final[name] | along[name] for name in order[position + 1:]))
-        unmet = sorted((wanted[reader] & written_later) - written)
-        if unmet:
-            raise SystemExit(f"{reader} needs {', '.join(unmet)}, which no pipeline before it writes")
+        ready = [name for name in names if name not in order and wanted[name] & produced <= written]
+        if not ready:
+            unmet = {name: sorted(wanted[name] & produced - written) for name in names if name not in order}
+            raise SystemExit("no pipeline can run next: " + "; ".join(
+                f"{name} needs {', '.join(datasets)}, which no pipeline before it writes"
+                for name, datasets in unmet.items()))
+        chosen = next((name for name in ready
+                       if not any(writes[name] & written & wanted[other] for other in ready if other != name)),
+                      ready[0])
+        order.append(chosen)
+        written |= writes[chosen]
     return order
 
 
@@ -230,26 +228,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     copied = copy_project(ROOT, workdir)
     pipelines, parameters = load_project(workdir)
     check_overrides(parameters, TINY)
+    for overrides in PIPELINE_PARAMS.values():
+        check_overrides(parameters, overrides)
     order, same = plan(pipelines)
     if args.pipelines:
         unknown = sorted(set(args.pipelines) - set(pipelines))
         if unknown:
             raise SystemExit(f"--pipelines {' '.join(unknown)}: not registered ({', '.join(sorted(pipelines))})")
         order = [name for name in order if name in args.pipelines]
-    params = ",".join(filter(None, [params_option(TINY), args.params]))
+    def params(name: str) -> str:
+        return ",".join(filter(None, [params_option({**TINY, **PIPELINE_PARAMS.get(name, {})}), args.params]))
+
     print(f"fresh project: {copied} tracked files in {workdir}")
     print("\n".join(f"{alias}: not run, the same nodes as {name}" for alias, name in same.items()))
     if args.dry_run:
-        print("\n".join(" ".join(kedro_command(name, None, params)) for name in order))
+        print("\n".join(" ".join(kedro_command(name, None, params(name))) for name in order))
         return 0
     log_dir = workdir / "data" / "08_reporting" / "every_pipeline" / datetime.now(UTC).strftime("%Y-%m-%dT%H.%M.%SZ")
     began = time.monotonic()
-    results: list[Result] = run_all(order, lambda name: kedro_command(name, None, params), log_dir, cwd=workdir,
+    results: list[Result] = run_all(order, lambda name: kedro_command(name, None, params(name)), log_dir, cwd=workdir,
                                     env=_environment(workdir))
     table = timings_table(results, time.monotonic() - began,
                           {name: str(log_dir / f"{name}.log") for name, _, _ in results})
     notes = "".join(f"\n{alias}: the same nodes as {name} (not run again)" for alias, name in same.items())
-    text = f"{table}{notes}\n\n--params {params}\n"
+    extra = "".join(f"\n{name} also: --params {params_option(values)}" for name, values in PIPELINE_PARAMS.items())
+    given = f",{args.params}" if args.params else ""
+    text = f"{table}{notes}\n\n--params {params_option(TINY)}{given}{extra}\n"
     for path in filter(None, [log_dir / "every_pipeline.md", args.report]):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

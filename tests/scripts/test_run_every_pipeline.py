@@ -39,7 +39,7 @@ def project() -> tuple[dict[str, Pipeline], dict]:
         return register_pipelines(), dict(loader["parameters"])
 
 
-def test_a_reader_runs_after_every_writer_of_what_it_needs_and_ties_keep_registry_order():
+def test_a_reader_runs_once_a_writer_of_each_need_has_run_and_ties_keep_registry_order():
     pipelines = {
         "report": _pipe((["table"], "report")),
         "evaluate": _pipe((["index"], "table")),
@@ -48,7 +48,7 @@ def test_a_reader_runs_after_every_writer_of_what_it_needs_and_ties_keep_registr
         "alone": _pipe((["raw"], "other")),
     }
     order = every.run_order(pipelines)
-    assert order == ["build", "everything", "evaluate", "report", "alone"]
+    assert order == ["build", "evaluate", "report", "everything", "alone"]
     assert every.needs(pipelines["report"]) == {"table"}
 
 
@@ -67,6 +67,19 @@ def test_a_writer_along_the_way_that_needs_the_reader_does_not_make_a_cycle():
         every.run_order({name: pipelines[name] for name in ("train_rl", "sft_synthesis", "sft")})
 
 
+def test_a_pipeline_that_would_rewrite_what_a_ready_reader_needs_waits_for_it():
+    # the rl stage reads evaluated and the adapter made from it: train_rl (before it in the registry) would write
+    # evaluated again and leave rl with inputs of two runs, which the run manifests' lineage check refuses
+    pipelines = {
+        "train": _pipe((["raw"], "evaluated"), (["evaluated"], "adapter")),
+        "train_rl": _pipe((["raw"], "evaluated"), (["evaluated"], "rl_adapter")),
+        "rl": _pipe((["evaluated", "adapter"], "rl_stage_adapter")),
+    }
+    assert every.run_order(pipelines) == ["train", "rl", "train_rl"]
+    alone = {name: pipelines[name] for name in ("train_rl", "train")}
+    assert every.run_order(alone) == ["train_rl", "train"]  # nothing reads evaluated: registry order
+
+
 def test_compare_runs_after_the_pipelines_that_write_the_adapters_it_reads():
     pipelines = {"compare": _pipe((["adapter", "rl_adapter"], "comparison")), "train": _pipe((["raw"], "adapter")),
                  "train_rl": _pipe((["adapter"], "rl_adapter"))}
@@ -81,15 +94,18 @@ def test_every_registered_pipeline_is_run_once_or_named_as_the_alias_of_one_that
     assert same == {"judge": "reward_judging", "train": "train_hiprag", "__default__": "train_hiprag"}
     position = order.index
     assert position("data_preparation") < position("corpus_indexing") < position("rollout") < position("evaluation")
-    assert position("sft_synthesis") < position("sft") < position("rl")
-    assert position("kg_extraction") < position("rollout_kag") and position("reasonrag_data") < position("dpo")
-    assert order[-1] == "compare"  # it reads every method's adapter
-    assert all(position(f"train_{name}") < position("compare") for name in ("hiprag", "reasonrag", "tearag"))
+    assert position("sft_synthesis") < position("sft") and position("kg_extraction") < position("rollout_kag")
+    # each stage pipeline right after the first run that wrote what it reads, before a run writes it again
+    assert position("train_hiprag") < position("rl") < position("train_rl")
+    assert position("train_reasonrag") < min(position("reasonrag_data"), position("dpo"))
+    assert position("compare") > max(position("train_hiprag"), position("train_reasonrag"), position("tearag"))
 
 
 def test_the_tiny_overrides_name_existing_parameters_and_pass_as_one_params_option(project):
     _, parameters = project
     every.check_overrides(parameters, every.TINY)
+    for overrides in every.PIPELINE_PARAMS.values():
+        every.check_overrides(parameters, overrides)
     with pytest.raises(SystemExit, match=r"rollout\.questions\.max_per_sorce"):
         every.check_overrides(parameters, {"rollout.questions.max_per_sorce": 1})
     option = every.params_option({"a.b": 1, "c": None, "d": True, "e": "x"})
