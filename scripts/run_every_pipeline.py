@@ -10,10 +10,11 @@ pipelines are the project's registry (``kedro registry list``), so a new pipelin
 script; a pipeline with the same nodes as one listed before it (``train`` and ``__default__`` are
 ``train_hiprag``, ``judge`` is ``reward_judging``) is reported as that one's alias instead of being run twice. The
 order comes from the pipelines' free inputs and outputs: a pipeline that needs a dataset another pipeline writes
-(``rollout`` needs the ``retrieval_index`` that ``index`` writes; ``compare`` each method's adapter) runs after
-every pipeline that writes it. Each run is one ``kedro run --pipelines=<name> --params <TINY>`` on the default env
-(conf/base + conf/local as shipped: SmolLM2-135M), with :data:`TINY` as the ``--params`` overrides (few questions
-per dataset, one or two optimizer steps, small corpus and KG slices).
+(``rollout`` needs the ``retrieval_index`` that ``index`` writes; ``compare`` each method's adapter) runs after a
+pipeline that writes it, in an order whose runs pass the run manifests' lineage check (:func:`run_order`). Each
+run is one ``kedro run --pipelines=<name> --params <TINY>`` on the default env (conf/base + conf/local as shipped:
+SmolLM2-135M), with :data:`TINY` as the ``--params`` overrides (few questions per dataset, one or two optimizer
+steps, a small KG slice) and :data:`PIPELINE_PARAMS` where a pipeline needs one.
 
 A failing run does not stop the others; its log's tail is shown and the command exits 1 naming it. Every run's log
 goes to ``<workdir>/data/08_reporting/every_pipeline/<started>/<pipeline>.log``, the table of wall times and
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,10 +40,8 @@ from pipeline_runs import Result, kedro_command, run_all, timings_table
 ROOT = Path(__file__).resolve().parents[1]
 
 TINY: dict[str, Any] = {
-    # the index: the first 12 questions of each file (ReasonRAG's 6 training questions per source and TeaRAG's
-    # sampling set stay available after the evaluated ones are excluded) and 20 background passages
-    "corpus_indexing.max_questions_per_source": 12,
-    "corpus_indexing.max_background_passages": 20,
+    # the index stays the shipped one (40 questions per file, 400 background passages, ~45 s): on 12 and 20, the
+    # ReasonRAG explorer's MCTS repeated itself (14 duplicate samples) and found 1 pair, where it finds 15
     # evaluation: one question per dataset
     "rollout.questions.max_per_source": 1,
     "compare.questions.max_per_source": 1,
@@ -134,20 +133,51 @@ def needs(pipeline: PipelineLike) -> set[str]:
     return {name for name in pipeline.inputs() if not name.startswith("params:") and name != "parameters"}
 
 
-def run_order(pipelines: Mapping[str, PipelineLike]) -> list[str]:
+def run_order(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] | None = None) -> list[str]:
     """Every pipeline once, each after a pipeline that writes each dataset it needs (a need no pipeline writes is a
-    raw input); among the pipelines ready to run, registry order, except that one which would rewrite what
-    another ready pipeline reads waits for it.
+    raw input), in an order whose runs pass the lineage check of the run manifests.
 
-    A run loads the newest version of each input and checks that the versions belong together (the run manifests'
-    lineage): once ``train_hiprag`` has written ``sft_adapter`` from one ``evaluated_questions``, a ``train_rl``
-    run that writes ``evaluated_questions`` again would leave the ``rl`` stage pipeline, which reads both, with
-    inputs of two lineages. So ``rl`` runs first. A need that only a pipeline waiting on the reader writes is an
-    error naming it."""
+    A run loads the newest version of each versioned input, and the versions must belong together: the lineage of
+    a version is what its run loaded, recursively (:mod:`prorag.tracking.run_manifest`). Composite pipelines
+    (``train_*``) rewrite ``questions``, ``evaluated_questions`` and the index on the way, so a stage pipeline that
+    reads an artifact of one run and a dataset of a later run fails: ``rl`` after ``train_rl`` rewrote
+    ``evaluated_questions``, ``tearag`` with a ``knowledge_graph`` extracted before ``train_hiprag`` rewrote
+    ``questions``. The order simulates those versions and lineages. Among the pipelines ready to run, it takes the
+    first in registry order whose loads would belong together and that leaves every other such ready pipeline able
+    to run; failing that, the first whose loads belong together; failing that, the first ready one (its run will
+    say why). ``versioned`` names the versioned datasets (None: every dataset a pipeline writes). A need that only
+    a pipeline waiting on the reader writes is an error naming it."""
+    from prorag.hooks import optional_inputs
+
     names = list(pipelines)
     wanted = {name: needs(pipelines[name]) for name in names}
     writes = {name: set(pipelines[name].all_outputs()) for name in names}
     produced = set().union(*writes.values())
+    tracked = produced if versioned is None else produced & set(versioned)
+    optional = {name: optional_inputs(pipelines[name]) for name in names}  # type: ignore[arg-type]
+    version: dict[str, int] = {}
+    lineage: dict[str, dict[str, int]] = {}
+
+    def loads(name: str) -> list[str]:
+        return sorted(dataset for dataset in wanted[name] & tracked if dataset in version)
+
+    def belongs_together(name: str, state: Mapping[str, int], lines: Mapping[str, Mapping[str, int]]) -> bool:
+        origin: dict[str, int] = {}
+        for dataset in (dataset for dataset in loads(name) if dataset not in optional[name]):
+            for ancestor, made in {dataset: state[dataset], **lines[dataset]}.items():
+                if origin.setdefault(ancestor, made) != made:
+                    return False
+        return True
+
+    def after(name: str, run: int) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        loaded: dict[str, int] = {}
+        for dataset in loads(name):
+            loaded.update({dataset: version[dataset], **lineage[dataset]})
+        state, lines = dict(version), dict(lineage)
+        for dataset in writes[name] & tracked:
+            state[dataset], lines[dataset] = run, loaded
+        return state, lines
+
     order: list[str] = []
     written: set[str] = set()
     while len(order) < len(names):
@@ -157,19 +187,26 @@ def run_order(pipelines: Mapping[str, PipelineLike]) -> list[str]:
             raise SystemExit("no pipeline can run next: " + "; ".join(
                 f"{name} needs {', '.join(datasets)}, which no pipeline before it writes"
                 for name, datasets in unmet.items()))
-        chosen = next((name for name in ready
-                       if not any(writes[name] & written & wanted[other] for other in ready if other != name)),
-                      ready[0])
+        runnable = [name for name in ready if belongs_together(name, version, lineage)]
+        chosen = next((name for name in runnable
+                       if all(belongs_together(other, *after(name, len(order)))
+                              for other in runnable if other != name)),
+                      runnable[0] if runnable else ready[0])
+        if chosen not in runnable:
+            print(f"{chosen}: no order found in which its inputs come from runs that belong together; "
+                  "its run will fail the lineage check", file=sys.stderr)
+        version, lineage = after(chosen, len(order))
         order.append(chosen)
         written |= writes[chosen]
     return order
 
 
-def plan(pipelines: Mapping[str, PipelineLike]) -> tuple[list[str], dict[str, str]]:
+def plan(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] | None = None
+         ) -> tuple[list[str], dict[str, str]]:
     """The pipelines to run in order, and the aliases left out (alias -> the pipeline run instead)."""
     same = aliases(pipelines)
     kept = {name: pipeline for name, pipeline in pipelines.items() if name not in same}
-    return run_order(kept), same
+    return run_order(kept, versioned), same
 
 
 def copy_project(source: Path, target: Path) -> int:
@@ -191,8 +228,8 @@ def copy_project(source: Path, target: Path) -> int:
     return copied
 
 
-def load_project(workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The registry's pipelines (in registry order) and the parameters of ``workdir``."""
+def load_project(workdir: Path) -> tuple[dict[str, Any], dict[str, Any], set[str]]:
+    """The registry's pipelines (in registry order), the parameters and the versioned datasets of ``workdir``."""
     from kedro.framework.project import pipelines
     from kedro.framework.session import KedroSession
     from kedro.framework.startup import bootstrap_project
@@ -201,7 +238,13 @@ def load_project(workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     with KedroSession.create(workdir) as session:
         loader = session.load_context().config_loader
         parameters = loader["parameters"]
-    return dict(pipelines.items()), parameters
+        versioned = versioned_datasets(loader["catalog"])
+    return dict(pipelines.items()), parameters, versioned
+
+
+def versioned_datasets(catalog: Mapping[str, Any]) -> set[str]:
+    """The catalog entries declared ``versioned: true``."""
+    return {name for name, entry in catalog.items() if isinstance(entry, Mapping) and entry.get("versioned")}
 
 
 def _prepare_workdir(workdir: Path | None, reuse: bool) -> Path:
@@ -226,11 +269,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     workdir = _prepare_workdir(args.workdir, args.reuse)
     copied = copy_project(ROOT, workdir)
-    pipelines, parameters = load_project(workdir)
+    pipelines, parameters, versioned = load_project(workdir)
     check_overrides(parameters, TINY)
     for overrides in PIPELINE_PARAMS.values():
         check_overrides(parameters, overrides)
-    order, same = plan(pipelines)
+    order, same = plan(pipelines, versioned)
     if args.pipelines:
         unknown = sorted(set(args.pipelines) - set(pipelines))
         if unknown:

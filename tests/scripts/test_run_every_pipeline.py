@@ -36,7 +36,7 @@ def project() -> tuple[dict[str, Pipeline], dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         loader = ProjectConfigLoader(str(ROOT / "conf"), **CONFIG_LOADER_ARGS)
-        return register_pipelines(), dict(loader["parameters"])
+        return register_pipelines(), dict(loader["parameters"]), every.versioned_datasets(loader["catalog"])
 
 
 def test_a_reader_runs_once_a_writer_of_each_need_has_run_and_ties_keep_registry_order():
@@ -68,16 +68,34 @@ def test_a_writer_along_the_way_that_needs_the_reader_does_not_make_a_cycle():
 
 
 def test_a_pipeline_that_would_rewrite_what_a_ready_reader_needs_waits_for_it():
-    # the rl stage reads evaluated and the adapter made from it: train_rl (before it in the registry) would write
-    # evaluated again and leave rl with inputs of two runs, which the run manifests' lineage check refuses
+    # rl reads evaluated and the adapter that sft made from synth's data, which synth made from `full`'s evaluated:
+    # train_rl (before rl in the registry) would write evaluated again and leave rl with inputs of two runs
     pipelines = {
-        "train": _pipe((["raw"], "evaluated"), (["evaluated"], "adapter")),
+        "full": _pipe((["raw"], "evaluated")),
+        "synth": _pipe((["evaluated"], "sft_data")),
+        "sft": _pipe((["sft_data"], "adapter")),
         "train_rl": _pipe((["raw"], "evaluated"), (["evaluated"], "rl_adapter")),
         "rl": _pipe((["evaluated", "adapter"], "rl_stage_adapter")),
     }
-    assert every.run_order(pipelines) == ["train", "rl", "train_rl"]
-    alone = {name: pipelines[name] for name in ("train_rl", "train")}
-    assert every.run_order(alone) == ["train_rl", "train"]  # nothing reads evaluated: registry order
+    assert every.run_order(pipelines) == ["full", "synth", "sft", "rl", "train_rl"]
+    alone = {name: pipelines[name] for name in ("train_rl", "full")}
+    assert every.run_order(alone) == ["train_rl", "full"]  # nothing reads evaluated: registry order
+
+
+def test_a_reader_waits_for_a_run_whose_outputs_belong_together():
+    # stage reads questions and a graph extracted from earlier questions: after `train` rewrote questions, it runs
+    # only after train_kg has written questions, graph and evaluated in one run
+    pipelines = {
+        "prep": _pipe((["raw"], "questions")),
+        "kg": _pipe((["questions"], "graph")),
+        "train": _pipe((["raw"], "questions"), (["questions"], "evaluated")),
+        "stage": _pipe((["questions", "graph", "evaluated"], "adapter")),
+        "train_kg": _pipe((["raw"], "questions"), (["questions"], "graph"), (["graph"], "evaluated")),
+    }
+    assert every.run_order(pipelines) == ["prep", "kg", "train", "train_kg", "stage"]
+    # a dataset that is not versioned has no lineage: the stage may run as soon as its needs are written
+    assert every.run_order(pipelines, versioned={"graph", "evaluated"}) == ["prep", "kg", "train", "stage",
+                                                                            "train_kg"]
 
 
 def test_compare_runs_after_the_pipelines_that_write_the_adapters_it_reads():
@@ -86,23 +104,22 @@ def test_compare_runs_after_the_pipelines_that_write_the_adapters_it_reads():
     assert every.run_order(pipelines) == ["train", "train_rl", "compare"]
 
 
-def test_every_registered_pipeline_is_run_once_or_named_as_the_alias_of_one_that_is(project):
-    pipelines, _ = project
-    order, same = every.plan(pipelines)
+def test_every_registered_pipeline_is_run_once_or_named_as_the_alias_of_one_that_is(project, capsys):
+    pipelines, _, versioned = project
+    order, same = every.plan(pipelines, versioned)
+    assert "lineage check" not in capsys.readouterr().err  # every run's inputs belong together
     assert sorted(order + list(same)) == sorted(pipelines)
     assert len(set(order)) == len(order)
     assert same == {"judge": "reward_judging", "train": "train_hiprag", "__default__": "train_hiprag"}
     position = order.index
     assert position("data_preparation") < position("corpus_indexing") < position("rollout") < position("evaluation")
     assert position("sft_synthesis") < position("sft") and position("kg_extraction") < position("rollout_kag")
-    # each stage pipeline right after the first run that wrote what it reads, before a run writes it again
-    assert position("train_hiprag") < position("rl") < position("train_rl")
     assert position("train_reasonrag") < min(position("reasonrag_data"), position("dpo"))
-    assert position("compare") > max(position("train_hiprag"), position("train_reasonrag"), position("tearag"))
+    assert position("compare") > max(position("train_reasonrag"), position("tearag"), position("rl"))
 
 
 def test_the_tiny_overrides_name_existing_parameters_and_pass_as_one_params_option(project):
-    _, parameters = project
+    _, parameters, _ = project
     every.check_overrides(parameters, every.TINY)
     for overrides in every.PIPELINE_PARAMS.values():
         every.check_overrides(parameters, overrides)
