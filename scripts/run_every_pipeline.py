@@ -148,6 +148,7 @@ def run_order(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] 
     say why). ``versioned`` names the versioned datasets (None: every dataset a pipeline writes). A need that only
     a pipeline waiting on the reader writes is an error naming it."""
     from prorag.hooks import optional_inputs
+    from prorag.tracking.run_manifest import lineage_conflicts
 
     names = list(pipelines)
     wanted = {name: needs(pipelines[name]) for name in names}
@@ -162,12 +163,9 @@ def run_order(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] 
         return sorted(dataset for dataset in wanted[name] & tracked if dataset in version)
 
     def belongs_together(name: str, state: Mapping[str, int], lines: Mapping[str, Mapping[str, int]]) -> bool:
-        origin: dict[str, int] = {}
-        for dataset in (dataset for dataset in loads(name) if dataset not in optional[name]):
-            for ancestor, made in {dataset: state[dataset], **lines[dataset]}.items():
-                if origin.setdefault(ancestor, made) != made:
-                    return False
-        return True
+        required = (dataset for dataset in loads(name) if dataset not in optional[name])
+        conflicts = lineage_conflicts({dataset: {dataset: state[dataset], **lines[dataset]} for dataset in required})
+        return next(conflicts, None) is None
 
     def after(name: str, run: int) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
         loaded: dict[str, int] = {}
@@ -177,6 +175,10 @@ def run_order(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] 
         for dataset in writes[name] & tracked:
             state[dataset], lines[dataset] = run, loaded
         return state, lines
+
+    def keeps_runnable(name: str, runnable: Sequence[str], run: int) -> bool:  # the other runnable ones, after it
+        state, lines = after(name, run)
+        return all(belongs_together(other, state, lines) for other in runnable if other != name)
 
     order: list[str] = []
     written: set[str] = set()
@@ -188,9 +190,7 @@ def run_order(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] 
                 f"{name} needs {', '.join(datasets)}, which no pipeline before it writes"
                 for name, datasets in unmet.items()))
         runnable = [name for name in ready if belongs_together(name, version, lineage)]
-        chosen = next((name for name in runnable
-                       if all(belongs_together(other, *after(name, len(order)))
-                              for other in runnable if other != name)),
+        chosen = next((name for name in runnable if keeps_runnable(name, runnable, len(order))),
                       runnable[0] if runnable else ready[0])
         if chosen not in runnable:
             print(f"{chosen}: no order found in which its inputs come from runs that belong together; "

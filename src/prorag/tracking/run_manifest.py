@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -174,21 +174,30 @@ def choose_load_versions(available: Mapping[str, Sequence[str]], manifests: RunM
     return chosen
 
 
+def lineage_conflicts(lineages: Mapping[str, Mapping[str, Hashable]]
+                      ) -> Iterator[tuple[str, str, Hashable, str, Hashable]]:
+    """Every place where two inputs' lineages (``{input: {dataset: version}}``, each input's own version included)
+    name a dataset at different versions, inputs in sorted order: ``(dataset, first input, the version through
+    it, input, the version through it)``, the first input being the first whose lineage names the dataset."""
+    origin: dict[str, tuple[Hashable, str]] = {}
+    for name in sorted(lineages):
+        for dataset, dataset_version in lineages[name].items():
+            first_version, first_input = origin.setdefault(dataset, (dataset_version, name))
+            if first_version != dataset_version:
+                yield dataset, first_input, first_version, name, dataset_version
+
+
 def _check_lineages(chosen: Mapping[str, str], manifests: RunManifests, explicit: set[str]) -> None:
-    origin: dict[str, tuple[str, str, str]] = {}  # dataset -> (version, through input, that input's version)
-    for name, version in sorted(chosen.items()):
-        for dataset, dataset_version in manifests.lineage(name, version).items():
-            if dataset not in origin:
-                origin[dataset] = (dataset_version, name, version)
-                continue
-            first_version, first_input, first_input_version = origin[dataset]
-            if first_version == dataset_version or {name, first_input} <= explicit:
-                continue
-            raise RunVersionError(
-                f"inputs from runs that do not belong together: {_via(first_input, first_input_version, dataset)} "
-                f"{dataset} {first_version}, but {_via(name, version, dataset)} {dataset} {dataset_version}. "
-                f"Re-run the pipeline that produces the older one, or choose versions explicitly with "
-                f"--load-versions (e.g. --load-versions={dataset}:{first_version})")
+    lineages = {name: manifests.lineage(name, version) for name, version in chosen.items()}
+    for dataset, first_input, first_version, name, dataset_version in lineage_conflicts(lineages):
+        if {name, first_input} <= explicit:
+            continue
+        first_input_version, version = chosen[first_input], chosen[name]
+        raise RunVersionError(
+            f"inputs from runs that do not belong together: {_via(first_input, first_input_version, dataset)} "
+            f"{dataset} {first_version}, but {_via(name, version, dataset)} {dataset} {dataset_version}. "
+            f"Re-run the pipeline that produces the older one, or choose versions explicitly with "
+            f"--load-versions (e.g. --load-versions={dataset}:{first_version})")
 
 
 def _via(name: str, version: str, dataset: str) -> str:
