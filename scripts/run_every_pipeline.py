@@ -66,6 +66,10 @@ TINY: dict[str, Any] = {
     "dpo.trainer.max_steps": 1,
     "tearag.sft_data.max_questions": 4,
     "tearag.sft.max_steps": 1,
+    "tearag.questions.nq": 1,
+    "tearag.questions.hotpotqa_bridge": 1,
+    "tearag.questions.hotpotqa_comparison": 1,
+    "tearag.questions.musique": 1,
     "tearag.ip_dpo.samples_per_question": 2,
     "tearag.ip_dpo.trainer.max_steps": 1,
 }

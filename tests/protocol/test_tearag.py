@@ -79,21 +79,37 @@ def test_adapter_satisfies_the_contract_and_encodes_entities() -> None:
     assert isinstance(adapter, TeaRAGAdapter)
     assert isinstance(adapter, ProtocolAdapter)
     assert adapter.boundary("</subquery>", "<subquery>q</subquery>") == "search"
-    assert adapter.boundary("</summary>", "<summary>s</summary>") == "step"
     assert adapter.boundary("</answer>", "<answer>a</answer>") == "answer"
     transcript = adapter.initial_prefix() + "Jaws; Steven Spielberg</entities>\n<subquery>Who directed Jaws?</subquery>"
     query = adapter.query(transcript)
     assert "Who directed Jaws?" in query and "Jaws" in query and "Steven Spielberg" in query
     assert adapter.query(adapter.initial_prefix() + "x</entities>\n<subquery></subquery>") == ""
-    looping = transcript + adapter.insertion("docs") + "s <subquery>again</subquery>"
-    assert adapter.query(looping) == ""  # a second search inside one step retrieves nothing
-    next_step = transcript + adapter.insertion("docs") + "s</summary>" + adapter.after_step(1, 3)
+    retrieved = transcript + adapter.insertion("docs")
+    assert adapter.boundary("</summary>", retrieved + "s</summary>") == "step"
+    next_step = retrieved + "s</summary>" + adapter.after_step(1, 3)
     assert "Where?" in adapter.query(next_step + "<step>\n<entities>Ohio</entities><subquery>Where?</subquery>")
     steps = adapter.steps(render(PATH))
     assert steps is not None and adapter.render(steps, PATH.answer) == render(PATH)
     assert steps is not None and [step["query"] for step in steps] == ["Who directed Jaws?",
                                                                         "Where was Steven Spielberg born?"]
     assert adapter.steps("nonsense") is None
+
+
+def test_a_step_out_of_order_is_malformed_not_a_loop() -> None:
+    """A second subquery after the step's retrieval (a 135M policy looped on it, one context per repetition)
+    and a summary before it end the path as a format failure."""
+    adapter = get_protocol("tearag", few_shot=False)
+    opened = adapter.initial_prefix() + "Jaws</entities>\n<subquery>Who directed Jaws?</subquery>"
+    retrieved = opened + adapter.insertion("docs")
+    assert adapter.boundary("</subquery>", opened) == "search"
+    assert adapter.boundary("</subquery>", retrieved + "s <subquery>again</subquery>") == "malformed"
+    assert adapter.boundary("</subquery>", retrieved + "s</summary>" + adapter.after_step(1, 3)
+                            + "<subquery>no new step</subquery>") == "malformed"
+    assert adapter.boundary("</summary>", adapter.initial_prefix() + "Jaws</entities>\n<summary>s</summary>") \
+        == "malformed"
+    next_step = retrieved + "s</summary>" + adapter.after_step(1, 3) + "<step>\n<entities>Ohio</entities>"
+    assert adapter.boundary("</subquery>", next_step + "<subquery>Where?</subquery>") == "search"
+    assert adapter.boundary("</summary>", next_step + "<summary>early</summary>") == "malformed"
 
 
 def test_engine_pieces_rebuild_a_rendered_path() -> None:

@@ -352,15 +352,18 @@ class TeaRAGAdapter:
         return initial_prefix()
 
     def boundary(self, stop: str, completion: str) -> Boundary | None:
-        return _BOUNDARIES.get(stop)
+        """A second ``</subquery>`` in a step that already has its ``<Reference>``, or a ``</summary>`` before the
+        step's retrieval, is ``malformed``: no TeaRAG step holds either (§4.2), so nothing is retrieved and the
+        path ends as a format failure instead of looping until the token budget runs out."""
+        boundary = _BOUNDARIES.get(stop)
+        if boundary in ("search", "step"):
+            retrieved = REFERENCE_OPEN in completion[max(completion.rfind(STEP_OPEN), 0):]
+            if retrieved == (boundary == "search"):
+                return "malformed"
+        return boundary
 
     def query(self, transcript: str) -> str:
-        """The key entities and subquery of the open step; empty (the engine then retrieves nothing) for a
-        second ``</subquery>`` in a step that already has its ``<Reference>`` — not a TeaRAG action, and a small
-        policy that loops on it would otherwise pull a full context per repetition."""
-        step_start = transcript.rfind(STEP_OPEN)
-        if step_start != -1 and REFERENCE_OPEN in transcript[step_start:]:
-            return ""
+        """The key entities and subquery of the open step (empty when the subquery is)."""
         entities, subquery = last_entities_and_subquery(transcript)
         return encode_retrieval_query(entities, subquery) if subquery else ""
 
