@@ -7,6 +7,7 @@ from prorag.training.ip_dpo import (
     ScoredPath,
     build_pairs,
     build_question_pairs,
+    candidate_counts,
     is_chosen,
     pair_counts,
     rejection_kind,
@@ -54,6 +55,16 @@ def test_pairs_cover_all_three_kinds_and_never_reuse_a_rejected_path() -> None:
     assert {p.kind for p in pairs} == {"format", "easy", "hard"}
     assert [p.rejected.path_id for p in pairs] == ["bad_format", "spare_format", "wrong", "sloppy"]
     assert pair_counts(pairs) == {"pairs_format": 2, "pairs_easy": 1, "pairs_hard": 1, "pairs_total": 4}
+
+
+def test_candidate_counts_show_why_a_hard_candidate_went_unpaired() -> None:
+    """Three chosen paths take the three rejections ranked below the hard one, which stays a candidate."""
+    counts = candidate_counts(MULTI, RULES)
+    assert counts == {"chosen_set": 3, "candidates_format": 2, "candidates_easy": 1, "candidates_hard": 1}
+    assert pair_counts(build_question_pairs(MULTI, RULES))["pairs_hard"] == 0
+    single = [path("s", "right", outcome=1.0, single=True), path("s", "half", outcome=0.5, single=True)]
+    assert candidate_counts(single, RULES) == {"chosen_set": 1, "candidates_format": 0, "candidates_easy": 0,
+                                               "candidates_hard": 0}   # a half-right single-hop path is no rejection
 
 
 def test_rejection_must_score_below_its_chosen_path() -> None:

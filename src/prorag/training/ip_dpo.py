@@ -303,11 +303,24 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def round_metrics(scored: Sequence[tuple[ScoredPath, dict[str, Any]]], pairs: Sequence[PreferencePair]
-                  ) -> dict[str, float]:
-    """Pair counts by kind, mean reward components, mean steps and generated tokens of one round's samples."""
+def candidate_counts(paths: Sequence[ScoredPath], rules: PairRules) -> dict[str, int]:
+    """The chosen set's size and the paths that could be each kind of rejection, before pairing.
+
+    They say why a kind has no pair: the traversal gives each chosen path the lowest-ranked rejection of its
+    question, so a hard candidate (ranked above the format and easy ones) is paired only on a question with more
+    chosen paths than rejections ranked below it — with a policy that is right on few samples, never."""
+    kinds = Counter(rejection_kind(path, rules) for path in paths if not is_chosen(path, rules))
+    counts = {f"candidates_{kind}": kinds[kind] for kind in REJECTION_KINDS}
+    return {"chosen_set": sum(is_chosen(path, rules) for path in paths), **counts}
+
+
+def round_metrics(scored: Sequence[tuple[ScoredPath, dict[str, Any]]], pairs: Sequence[PreferencePair],
+                  rules: PairRules) -> dict[str, float]:
+    """Pair counts by kind, the candidates they came from (:func:`candidate_counts`), mean reward components,
+    mean steps and generated tokens of one round's samples."""
     rewards = [reward for _, reward in scored]
     metrics: dict[str, float] = {key: float(value) for key, value in pair_counts(pairs).items()}
+    metrics.update({key: float(value) for key, value in candidate_counts([path for path, _ in scored], rules).items()})
     for key in ("outcome", "f1", "format", "process", "consistency", "subquery_match", "context_match",
                 "summary_match", "total"):
         metrics[f"reward_{key}"] = _mean([float(reward[key]) for reward in rewards])
@@ -357,9 +370,10 @@ def run_ip_dpo(model: str, sft_adapter: str, questions: Sequence[Question], retr
         del engine, generator
         gc.collect()
         pairs = build_pairs([path for path, _ in scored], settings.rules)
-        metrics = round_metrics(scored, pairs)
-        logger.info("IP-DPO round %d: %d samples, pairs %s, mean total reward %.3f", round_index, len(scored),
-                    pair_counts(pairs), metrics["reward_total"])
+        metrics = round_metrics(scored, pairs, settings.rules)
+        logger.info("IP-DPO round %d: %d samples, pairs %s from %s, mean total reward %.3f", round_index,
+                    len(scored), pair_counts(pairs), candidate_counts([path for path, _ in scored], settings.rules),
+                    metrics["reward_total"])
         history: list[dict[str, Any]] = []
         trained: str | None = None
         if pairs:
