@@ -54,6 +54,17 @@ def test_training_and_evaluation_read_the_same_blocks():
     assert not _readers("params:agent") and not _readers("params:reward")  # nothing reads around the method
 
 
+def test_cpu_recipe_deviations_do_not_merge_into_the_gpu_env():
+    """Parameters merge softly across envs: conf/gpu pins the paper's value where conf/base deviates for the CPU."""
+    base, gpu = _parameters("local"), _parameters("gpu")
+    paper_lora = ["q_proj", "k_proj", "v_proj", "o_proj"]  # TeaRAG §5.1, both stages
+    assert base["tearag"]["sft"]["target_modules"] != paper_lora
+    assert gpu["tearag"]["sft"]["target_modules"] == paper_lora
+    reasonrag_dpo = gpu["methods"]["reasonrag"]["stages"]["dpo"]["trainer"]
+    assert base["methods"]["reasonrag"]["stages"]["dpo"]["trainer"]["sft_weight"] > 0
+    assert reasonrag_dpo["sft_weight"] == 0  # the paper's plain DPO
+
+
 def test_the_gpu_policy_server_serves_the_shared_model():
     parameters = _parameters("gpu")
     assert parameters["rl"]["policy_server"]["model"] == parameters["policy"]["model"]  # ${policy.model}
