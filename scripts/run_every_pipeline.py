@@ -14,7 +14,7 @@ order comes from the pipelines' free inputs and outputs: a pipeline that needs a
 pipeline that writes it, in an order whose runs pass the run manifests' lineage check (:func:`run_order`). Each
 run is one ``kedro run --pipelines=<name> --params <TINY>`` on the default env (conf/base + conf/local as shipped:
 SmolLM2-135M), with :data:`TINY` as the ``--params`` overrides (few questions per dataset, one or two optimizer
-steps, a small KG slice) and :data:`PIPELINE_PARAMS` where a pipeline needs one.
+steps, a small KG slice) and nothing else: every pipeline runs on the shipped defaults.
 
 A failing run does not stop the others; its log's tail is shown and the command exits 1 naming it. Every run's log
 goes to ``<workdir>/data/08_reporting/every_pipeline/<started>/<pipeline>.log``, the table of wall times and
@@ -74,13 +74,6 @@ TINY: dict[str, Any] = {
     "tearag.ip_dpo.trainer.max_steps": 1,
 }
 """The tiny slices, as ``kedro run --params`` overrides a user could pass (every key exists in conf/base)."""
-
-PIPELINE_PARAMS: dict[str, dict[str, Any]] = {
-    # GRPO from the instruct model: the shared rl block continues the SFT adapter (rl.init: sft), and this
-    # pipeline refuses to run unless told to start from the instruct model instead (docs/hiprag.md; conf/gpu sets it)
-    "train_rl_instruct": {"rl.init": "instruct"},
-}
-"""Overrides one pipeline needs beside :data:`TINY`: the parameters its documentation says to set."""
 
 
 class PipelineLike(Protocol):
@@ -275,32 +268,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     copied = copy_project(ROOT, workdir)
     pipelines, parameters, versioned = load_project(workdir)
     check_overrides(parameters, TINY)
-    for overrides in PIPELINE_PARAMS.values():
-        check_overrides(parameters, overrides)
     order, same = plan(pipelines, versioned)
     if args.pipelines:
         unknown = sorted(set(args.pipelines) - set(pipelines))
         if unknown:
             raise SystemExit(f"--pipelines {' '.join(unknown)}: not registered ({', '.join(sorted(pipelines))})")
         order = [name for name in order if name in args.pipelines]
-    def params(name: str) -> str:
-        return ",".join(filter(None, [params_option({**TINY, **PIPELINE_PARAMS.get(name, {})}), args.params]))
+    options = ",".join(filter(None, [params_option(TINY), args.params]))
 
     print(f"fresh project: {copied} tracked files in {workdir}")
     print("\n".join(f"{alias}: not run, the same nodes as {name}" for alias, name in same.items()))
     if args.dry_run:
-        print("\n".join(" ".join(kedro_command(name, None, params(name))) for name in order))
+        print("\n".join(" ".join(kedro_command(name, None, options)) for name in order))
         return 0
     log_dir = workdir / "data" / "08_reporting" / "every_pipeline" / datetime.now(UTC).strftime("%Y-%m-%dT%H.%M.%SZ")
     began = time.monotonic()
-    results: list[Result] = run_all(order, lambda name: kedro_command(name, None, params(name)), log_dir, cwd=workdir,
+    results: list[Result] = run_all(order, lambda name: kedro_command(name, None, options), log_dir, cwd=workdir,
                                     env=_environment(workdir))
     table = timings_table(results, time.monotonic() - began,
                           {name: str(log_dir / f"{name}.log") for name, _, _ in results})
     notes = "".join(f"\n{alias}: the same nodes as {name} (not run again)" for alias, name in same.items())
-    extra = "".join(f"\n{name} also: --params {params_option(values)}" for name, values in PIPELINE_PARAMS.items())
     given = f",{args.params}" if args.params else ""
-    text = f"{table}{notes}\n\n--params {params_option(TINY)}{given}{extra}\n"
+    text = f"{table}{notes}\n\n--params {params_option(TINY)}{given}\n"
     for path in filter(None, [log_dir / "every_pipeline.md", args.report]):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

@@ -122,15 +122,26 @@ def test_the_multistage_paper_preset_validates_over_the_gpu_env():
 def test_the_multistage_preset_runs_a_pipeline_without_an_sft_stage():
     import yaml
 
-    from prorag.pipelines.rl.nodes import train_rl_from_instruct
-    from prorag.pipelines.rl.params import RLParams
-
     name = yaml.safe_load((CONF.parent / "experiments" / "multistage_gpu.yml").read_text())["run"]["pipelines"]
     pipeline = register_pipelines()[name]
     assert "sft_adapter" not in pipeline.all_inputs() | pipeline.all_outputs()
     assert not any(node.namespace in {"sft", "sft_synthesis"} for node in pipeline.nodes)
-    with pytest.raises(ValueError, match=r"rl\.init: instruct"):
-        train_rl_from_instruct([], None, RLParams(init="sft"), None, None, None)  # type: ignore[arg-type]
+
+
+def test_the_pipeline_without_sft_trains_from_the_instruct_model_whatever_rl_init_says(monkeypatch):
+    """train_rl_instruct runs on the embedded default (rl.init: sft): the pipeline, not the flag, has no SFT stage."""
+    import prorag.pipelines.rl.nodes as nodes
+    from prorag.pipelines.rl.params import RLParams
+
+    seen = {}
+
+    def fake_train_rl(records, index, sft_adapter, params, *args):
+        seen.update(adapter=sft_adapter, init=params.init)
+        return "adapter", []
+
+    monkeypatch.setattr(nodes, "train_rl", fake_train_rl)
+    assert nodes.train_rl_from_instruct([], None, RLParams(init="sft"), None, None, None) == ("adapter", [])  # type: ignore[arg-type]
+    assert seen == {"adapter": "", "init": "instruct"}  # the fingerprint and the trainer see where it starts
 
 
 def test_cpu_long_trains_sft_longer_on_more_sources_and_keeps_the_rest_of_base():

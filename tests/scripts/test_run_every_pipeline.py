@@ -121,8 +121,6 @@ def test_every_registered_pipeline_is_run_once_or_named_as_the_alias_of_one_that
 def test_the_tiny_overrides_name_existing_parameters_and_pass_as_one_params_option(project):
     _, parameters, _ = project
     every.check_overrides(parameters, every.TINY)
-    for overrides in every.PIPELINE_PARAMS.values():
-        every.check_overrides(parameters, overrides)
     with pytest.raises(SystemExit, match=r"rollout\.questions\.max_per_sorce"):
         every.check_overrides(parameters, {"rollout.questions.max_per_sorce": 1})
     option = every.params_option({"a.b": 1, "c": None, "d": True, "e": "x"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from prorag.rewards.registry import check_reward_protocol
 from prorag.specs import PolicySpec, TrainedAgentSpec
 from prorag.tracking.callbacks import MlflowStepMetrics
 from prorag.training.launch import IN_PROCESS, LaunchSettings, launch_grpo
+
+logger = logging.getLogger(__name__)
 
 
 def select_rl_questions(question_records: list[dict[str, Any]], evaluation_records: list[dict[str, Any]],
@@ -87,10 +90,13 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
 def train_rl_from_instruct(question_records: list[dict[str, Any]], index: RetrievalIndex, params: RLParams,
                            policy: PolicySpec, agent: TrainedAgentSpec, reward: RewardSettings,
                            launch: LaunchSettings = IN_PROCESS) -> tuple[str, list[dict[str, Any]]]:
-    """:func:`train_rl` from the instruct model itself, with no SFT adapter (``rl.init`` must be ``instruct``)."""
+    """:func:`train_rl` from the instruct model itself, with no SFT adapter: the pipeline has no SFT stage, so it
+    trains with ``rl.init: instruct`` whatever the block says (``sft``, the embedded default, is logged as not
+    applying; the run fingerprint records ``instruct``)."""
     if params.init != "instruct":
-        raise ValueError("this pipeline trains from the instruct model (no SFT stage): set rl.init: instruct, or run "
-                         "train / train_rl to continue the SFT adapter")
+        logger.info("rl.init: %s does not apply here: this pipeline has no SFT stage and trains policy.model itself",
+                    params.init)
+        params = params.model_copy(update={"init": "instruct"})
     return train_rl(question_records, index, "", params, policy, agent, reward, launch)
 
 
