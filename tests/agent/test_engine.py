@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
+from itertools import pairwise
 
 import pytest
 from tqdm.auto import tqdm
@@ -58,6 +59,15 @@ def check_accounting(rollout: Rollout) -> None:
     assert rollout.token_ids == rollout.prompt_token_ids + ids
     assert rollout.stop_reason in STOP_REASONS
     assert rollout.segments[-1].generated  # nothing is inserted after the last generation
+    spans = rollout.inserted_spans  # the character view of the same mask (DPO re-tokenizes the text)
+    assert all(end < next_start for (_, end), (next_start, _) in pairwise(spans))
+    inserted = "".join(rollout.completion[start:end] for start, end in spans)
+    assert inserted == "".join(segment.text for segment in rollout.segments if not segment.generated)
+    written, position = [], 0
+    for start, end in [*spans, (len(rollout.completion), len(rollout.completion))]:
+        written.append(rollout.completion[position:start])
+        position = end
+    assert "".join(written) == "".join(segment.text for segment in rollout.segments if segment.generated)
 
 
 # ------------------------------------------------------------------------------ (a) batched searches

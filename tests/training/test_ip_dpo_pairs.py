@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from prorag.training.ip_dpo import (
@@ -124,13 +126,20 @@ def test_preference_records_cut_the_engine_prefix() -> None:
 
     adapter = TeaRAGAdapter(few_shot=False)
     prefix = adapter.initial_prefix()
-    chosen = ScoredPath("q", "q#0", prefix + "A</entities>…", 1.0, 1.0, 1.0, 0.9, False)
-    rejected = ScoredPath("q", "q#1", prefix + "B</entities>…", 0.0, 0.0, 0.0, 0.0, False)
+    written = "A</entities>\n<subquery>q</subquery>"
+    context = adapter.insertion("docs")
+    chosen = ScoredPath("q", "q#0", prefix + written + context + "s</summary>", 1.0, 1.0, 1.0, 0.9, False,
+                        inserted_spans=((0, len(prefix)), (len(prefix + written), len(prefix + written + context))))
+    rejected = ScoredPath("q", "q#1", prefix + "B</entities>…", 0.0, 0.0, 0.0, 0.0, False,
+                          inserted_spans=((0, len(prefix)),))
     from prorag.training.ip_dpo import PreferencePair
 
     (record,) = preference_records([PreferencePair("q", chosen, rejected, "format")], adapter.messages,
                                    {"q": "Who?"}, prefix)
-    assert record["transcript"] == prefix and record["chosen"] == "A</entities>…"
+    assert record["transcript"] == prefix and record["chosen"] == written + context + "s</summary>"
+    (start, end), = record["chosen_inserted"]  # the prefix went to the prompt; the context stays masked
+    assert record["chosen"][start:end] == context and record["rejected_inserted"] == []
+    assert ScoredPath.from_dict(json.loads(json.dumps(chosen.to_dict()))) == chosen
     assert record["messages"][-1]["content"] == "Question: Who?"
     bad = ScoredPath("q", "q#2", "no prefix", 0.0, 0.0, 0.0, 0.0, False)
     with pytest.raises(ValueError, match="initial prefix"):

@@ -140,6 +140,22 @@ class Rollout:
         return completion_ids_and_mask(self.segments)[1]
 
     @property
+    def inserted_spans(self) -> list[tuple[int, int]]:
+        """``(start, end)`` character ranges of ``completion`` the engine inserted (context and tag segments):
+        what a trainer that re-tokenizes the text must not train on."""
+        spans: list[tuple[int, int]] = []
+        start = 0
+        for segment in self.segments:
+            end = start + len(segment.text)
+            if segment.kind != "generated" and end > start:
+                if spans and spans[-1][1] == start:
+                    spans[-1] = (spans[-1][0], end)
+                else:
+                    spans.append((start, end))
+            start = end
+        return spans
+
+    @property
     def token_ids(self) -> list[int]:
         """Prompt and completion ids: the whole sequence the policy saw."""
         return [*self.prompt_token_ids, *self.completion_token_ids]

@@ -18,10 +18,18 @@ log-likelihood per token of the chosen responses in the batch (TRL's ``"sft"`` l
 End of sequence: TRL appends the EOS token to both responses of plain-text data. A ReasonRAG step is not the end
 of the sequence (generation stops at its closing tag), so with ``append_eos=False`` (the default) the appended EOS
 is removed from the tokenized responses; use ``append_eos=True`` for complete trajectories (IP-DPO).
+
+Engine-inserted text: a pair may name the character ranges of each response the engine wrote
+(``chosen_inserted`` / ``rejected_inserted``: TeaRAG's ``<Reference>`` contexts inside whole paths). Their
+tokens are left out of both log-likelihoods and of the SFT term, as SFT leaves them out of its labels: TRL 1.16
+tokenizes prompt + response itself and sums over its collator's ``completion_mask``, so the ranges become a
+per-token mask through the tokenizer's offsets that a collator multiplies into that mask
+(:mod:`prorag.training.preference_masks`). TRL has no such option; this is the smallest hook into its collator.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -55,7 +63,7 @@ class DPOTrainingConfig(TrainerArgs, CheckpointSettings, LoraSettings):
         "warmup_steps": "dpo.trainer.warmup_ratio", "loss_type": "dpo.trainer.sft_weight",
         "loss_weights": "dpo.trainer.sft_weight", "bf16": "dpo.trainer.dtype", "fp16": "dpo.trainer.dtype",
         "data_seed": "dpo.trainer.seed", "activation_checkpointing": "dpo.trainer.gradient_checkpointing",
-        **dict.fromkeys(("output_dir", "save_strategy"), FIXED_BY_PRORAG),
+        **dict.fromkeys(("output_dir", "save_strategy", "remove_unused_columns"), FIXED_BY_PRORAG),
     }
 
     beta: float = Field(default=0.3, gt=0)
@@ -105,10 +113,27 @@ def preference_rows(tokenizer: PreTrainedTokenizerBase,
         if str(pair["chosen"]).strip() == str(pair["rejected"]).strip():
             raise ValueError(f"preference pair {position}: chosen and rejected are identical")
         prompt = render_chat(tokenizer, pair["messages"]) + str(pair["transcript"])
-        rows.append({"prompt": prompt, "chosen": str(pair["chosen"]), "rejected": str(pair["rejected"])})
+        row = {"prompt": prompt, "chosen": str(pair["chosen"]), "rejected": str(pair["rejected"])}
+        row[INSERTED] = json.dumps({side: _checked_spans(pair.get(f"{side}_inserted") or [], row[side],
+                                                         f"preference pair {position} {side}_inserted")
+                                    for side in ("chosen", "rejected")})
+        rows.append(row)
     if not rows:
         raise ValueError("no preference pairs to train on")
     return rows
+
+
+INSERTED = "inserted_spans"
+"""The row column holding the engine-inserted character ranges of both responses (JSON: a fixed Arrow type)."""
+
+
+def _checked_spans(spans: Iterable[Sequence[int]], text: str, where: str) -> list[list[int]]:
+    checked = []
+    for span in spans:
+        if len(span) != 2 or not 0 <= int(span[0]) < int(span[1]) <= len(text):
+            raise ValueError(f"{where}: {list(span)} is no character range of the {len(text)}-character response")
+        checked.append([int(span[0]), int(span[1])])
+    return checked
 
 
 def _drop_appended_eos(dataset: Any, eos_token_id: int | None) -> Any:
@@ -145,6 +170,10 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
 
     if not rows:
         raise ValueError("no preference rows")
+    masked = any(any(json.loads(row.get(INSERTED) or "{}").values()) for row in rows)
+    if masked and config.precompute_ref_log_probs:
+        raise ValueError("dpo precompute_ref_log_probs: the responses hold engine-inserted text, and TRL would "
+                         "precompute the reference log-probabilities over it before prorag masks it; set it false")
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     ensure_one_device(config.use_cpu, what="DPO")
@@ -163,6 +192,7 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
         **checkpoint_arguments(config.save_steps, config.save_total_limit),
         max_length=config.max_length, activation_checkpointing=config.gradient_checkpointing,
         precompute_ref_log_probs=config.precompute_ref_log_probs,
+        remove_unused_columns=False,  # the policy-token masks travel to the collator beside TRL's columns
     ))  # trainer_args is validated: it sets no field named here (report_to may be overridden)
     model, tokenizer = load_causal_lm(model_spec, dtype=config.dtype, device=device)
     if tokenizer.pad_token is None:
@@ -177,6 +207,11 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
                          processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
     if not config.append_eos:
         trainer.train_dataset = _drop_appended_eos(trainer.train_dataset, tokenizer.eos_token_id)
+    if masked:
+        from prorag.training.preference_masks import PolicyTokenCollator, policy_token_masks
+
+        trainer.train_dataset = trainer.train_dataset.map(policy_token_masks, fn_kwargs={"tokenizer": tokenizer})
+        trainer.data_collator = PolicyTokenCollator.from_collator(trainer.data_collator)
     train_resumable(trainer, output, resume=config.resume and config.save_steps is not None)
     adapter_dir = save_adapter(trainer, output / "adapter", selected_adapters=["default"])
     logger.info("saved the DPO LoRA adapter of %s (%s) to %s after %d steps", model_spec,

@@ -30,9 +30,9 @@ with ``β`` and ``α`` parameters. The trainer is :mod:`prorag.training.dpo` (on
 TRL's ``DPOTrainer`` with ``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1, α]``; TRL's ``"sft"`` term is the
 per-token mean NLL of the chosen responses, i.e. eq. 16 as reconstructed). Each round continues the previous
 round's LoRA adapter, whose frozen copy is TRL's reference: ``π_ref = π_θ{k-1}`` as eqs. 15–17 require.
-Known difference: TRL scores every response token, so the retrieved ``<Reference>`` context inside a path is
-part of ``log π(y|x)`` in eqs. 15–16 (SFT masks it, eq. 4); masking it needs a per-token mask in
-:mod:`prorag.training.dpo`'s collator (not there yet).
+``log π(y|x)`` in eqs. 15–16 covers what the policy wrote only: the retrieved ``<Reference>`` contexts and the
+engine's step closers inside a path (:attr:`ScoredPath.inserted_spans`, from the rollout's segments) are left out,
+as SFT leaves them out of its labels (eq. 4) — :mod:`prorag.training.dpo` masks them per token.
 
 One round (:func:`run_ip_dpo`): roll out ``samples`` paths per question with the current policy and the batched
 engine (TeaRAG protocol, ``kag`` retriever), score them (:func:`prorag.rewards.tearag.tearag_reward`), build the
@@ -102,6 +102,9 @@ class ScoredPath:
     single_hop: bool
     n_steps: int = 0
     generated_tokens: int = 0
+    inserted_spans: tuple[tuple[int, int], ...] = ()
+    """Character ranges of ``completion`` the engine inserted (:attr:`prorag.agent.trajectory.Rollout.inserted_spans`):
+    DPO does not train on them."""
 
     @property
     def total(self) -> float:
@@ -113,7 +116,9 @@ class ScoredPath:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ScoredPath:
         names = {name for name in cls.__dataclass_fields__}
-        return cls(**{key: value for key, value in raw.items() if key in names})
+        values = {key: value for key, value in raw.items() if key in names}
+        values["inserted_spans"] = tuple((int(start), int(end)) for start, end in raw.get("inserted_spans") or ())
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -250,7 +255,7 @@ def scored_paths(rollouts: Sequence[Rollout], scored: ScoredBatch) -> list[tuple
                           path_id=f"{rollout.question_key}#{rollout.sample_index}", completion=rollout.completion,
                           outcome=reward["outcome"], f1=reward["f1"], format=reward["format"],
                           process=reward["process"], single_hop=reward["single_hop"], n_steps=reward["n_steps"],
-                          generated_tokens=rollout.generated_tokens)
+                          generated_tokens=rollout.generated_tokens, inserted_spans=tuple(rollout.inserted_spans))
         paths.append((path, reward))
     return paths
 
@@ -258,7 +263,8 @@ def scored_paths(rollouts: Sequence[Rollout], scored: ScoredBatch) -> list[tuple
 def preference_records(pairs: Sequence[PreferencePair], messages: Callable[[str], list[dict[str, str]]],
                        questions: Mapping[str, str], prefix: str) -> list[dict[str, Any]]:
     """:func:`prorag.training.dpo.preference_rows` input: the chat prompt, the engine's initial prefix as the
-    transcript, and the two paths after it."""
+    transcript, the two paths after it, and the ranges of each the engine inserted (the ``<Reference>`` contexts
+    and step closers), which DPO does not train on — as SFT masks them (eq. 4)."""
     records = []
     for pair in pairs:
         for side in (pair.chosen, pair.rejected):
@@ -266,8 +272,15 @@ def preference_records(pairs: Sequence[PreferencePair], messages: Callable[[str]
                 raise ValueError(f"path {side.path_id} does not start with the engine's initial prefix {prefix!r}")
         records.append({"messages": messages(questions[pair.question_key]), "transcript": prefix,
                         "chosen": pair.chosen.completion[len(prefix):],
-                        "rejected": pair.rejected.completion[len(prefix):], "kind": pair.kind})
+                        "rejected": pair.rejected.completion[len(prefix):], "kind": pair.kind,
+                        "chosen_inserted": _after(pair.chosen.inserted_spans, len(prefix)),
+                        "rejected_inserted": _after(pair.rejected.inserted_spans, len(prefix))})
     return records
+
+
+def _after(spans: Sequence[tuple[int, int]], offset: int) -> list[list[int]]:
+    """``spans`` of a completion as ranges of its text after the first ``offset`` characters."""
+    return [[max(start, offset) - offset, end - offset] for start, end in spans if end > offset]
 
 
 # -------------------------------------------------------------------------------------------- rounds
