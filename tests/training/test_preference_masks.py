@@ -38,7 +38,7 @@ def test_the_masks_leave_out_exactly_the_inserted_context() -> None:
     (row,) = preference_rows(tokenizer, [_pair()])
     assert json.loads(row[INSERTED])["chosen"] == [[len(WRITTEN), len(WRITTEN + CONTEXT)]]
     example = _tokenized(tokenizer, row)
-    masks = policy_token_masks(example, tokenizer)
+    masks = policy_token_masks(example, tokenizer, INSERTED)
     for side in ("chosen", "rejected"):
         ids, mask = example[f"{side}_ids"], masks[f"{side}_policy_mask"]
         assert len(mask) == len(ids) and 0 in mask and 1 in mask
@@ -51,7 +51,8 @@ def test_the_masks_leave_out_exactly_the_inserted_context() -> None:
 def test_the_collator_multiplies_the_masks_into_trls_completion_mask() -> None:
     tokenizer = load_tokenizer(BUNDLED_TINY_LLAMA)
     rows = preference_rows(tokenizer, [_pair(), _pair("A much longer wrong summary of the reference.</summary>")])
-    examples = [{**(example := _tokenized(tokenizer, row)), **policy_token_masks(example, tokenizer)} for row in rows]
+    examples = [{**(example := _tokenized(tokenizer, row)), **policy_token_masks(example, tokenizer, INSERTED)}
+                for row in rows]
     collator = PolicyTokenCollator(pad_token_id=0)
     batch = collator(examples)
     plain = DataCollatorForPreference(pad_token_id=0)(examples)

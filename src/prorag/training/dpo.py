@@ -210,7 +210,8 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
     if masked:
         from prorag.training.preference_masks import PolicyTokenCollator, policy_token_masks
 
-        trainer.train_dataset = trainer.train_dataset.map(policy_token_masks, fn_kwargs={"tokenizer": tokenizer})
+        trainer.train_dataset = trainer.train_dataset.map(policy_token_masks,
+                                                          fn_kwargs={"tokenizer": tokenizer, "spans_column": INSERTED})
         trainer.data_collator = PolicyTokenCollator.from_collator(trainer.data_collator)
     train_resumable(trainer, output, resume=config.resume and config.save_steps is not None)
     adapter_dir = save_adapter(trainer, output / "adapter", selected_adapters=["default"])

@@ -11,18 +11,18 @@ from typing import TYPE_CHECKING, Any
 
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-from prorag.training.dpo import INSERTED
-
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-def policy_token_masks(example: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase) -> dict[str, list[int]]:
+def policy_token_masks(example: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase, spans_column: str
+                       ) -> dict[str, list[int]]:
     """``chosen_policy_mask`` / ``rejected_policy_mask``: 1 for each token of TRL's ``chosen_ids`` /
-    ``rejected_ids`` that holds a character the policy wrote, 0 for one inside the ranges the engine inserted.
+    ``rejected_ids`` that holds a character the policy wrote, 0 for one inside the ranges the engine inserted
+    (``spans_column``: JSON ``{"chosen": [[start, end], ...], "rejected": [...]}``).
 
     The offsets come from tokenizing ``prompt + response`` as TRL does; the ids must agree with TRL's."""
-    spans = json.loads(example[INSERTED])
+    spans = json.loads(example[spans_column])
     prompt = example["prompt"]
     masks = {}
     for side in ("chosen", "rejected"):
