@@ -321,7 +321,7 @@ def candidate_counts(paths: Sequence[ScoredPath], rules: PairRules) -> dict[str,
 
     They say why a kind has no pair: the traversal gives each chosen path the lowest-ranked rejection of its
     question, so a hard candidate (ranked above the format and easy ones) is paired only on a question with more
-    chosen paths than rejections ranked below it — with a policy that is right on few samples, never."""
+    chosen paths than rejections ranked below it: a policy right on under half its samples of a question gets none."""
     kinds = Counter(rejection_kind(path, rules) for path in paths if not is_chosen(path, rules))
     counts = {f"candidates_{kind}": kinds[kind] for kind in REJECTION_KINDS}
     return {"chosen_set": sum(is_chosen(path, rules) for path in paths), **counts}
