@@ -384,8 +384,9 @@ def run_ip_dpo(model: str, sft_adapter: str, questions: Sequence[Question], retr
         gc.collect()
         pairs = build_pairs([path for path, _ in scored], settings.rules)
         metrics = round_metrics(scored, pairs, settings.rules)
-        logger.info("IP-DPO round %d: %d samples, pairs %s from %s, mean total reward %.3f", round_index,
-                    len(scored), pair_counts(pairs), candidate_counts([path for path, _ in scored], settings.rules),
+        logger.info("IP-DPO round %d: %d samples, %s, mean total reward %.3f", round_index, len(scored),
+                    {key: int(value) for key, value in metrics.items() if key.startswith(("pairs_", "chosen_set",
+                                                                                          "candidates_"))},
                     metrics["reward_total"])
         history: list[dict[str, Any]] = []
         trained: str | None = None
