@@ -61,5 +61,7 @@ def test_rl_rollouts_send_every_sampling_field_at_the_trainers_values(questions,
         assert (body["temperature"], body["top_p"]) == (1.0, 1.0)
         assert body["top_k"] == 0 and body["min_p"] == 0.0 and body["repetition_penalty"] == 1.0, body
         assert body["presence_penalty"] == 0.0 and body["frequency_penalty"] == 0.0
+    seeds = [body["seed"] for body in rollouts]  # issue 42: one seed on all G copies collapsed every group
+    assert len(set(seeds)) == len(seeds), seeds
     for body in sent:  # every request, re-asks included, states the sampler
         assert {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"} <= set(body)

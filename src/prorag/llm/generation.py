@@ -17,13 +17,19 @@ Contract shared by all backends:
   means ``max_new_tokens`` were generated without a stop.
 - With several stop strings, the first one to be *completed* ends generation; if two complete at the same
   token, the one that starts first wins (as :func:`prorag.protocol.markup.cut_at_first_stop`).
+- ``params.seed`` makes a *call* reproducible; the prompts of one call still draw independent samples, even when
+  they are the same prompt (the G copies of a question in a GRPO group). The in-process backend seeds one RNG for
+  the batch; a server backend seeds a generator per request, so it sends prompt ``i`` the seed
+  :func:`request_seeds` derives from ``(seed, i)`` — one seed on every request would give G identical samples.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, runtime_checkable
+
+import numpy as np
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -116,6 +122,23 @@ class Generator(Protocol):
     def apply_chat_template(self, messages: Sequence[ChatMessage]) -> str:
         """The prompt string for a conversation, ready for the assistant's turn."""
         ...
+
+
+REQUEST_SEED_BITS: Final = 62
+"""Derived request seeds lie in [0, 2**62): inside every server's int64 seed field, with room for vLLM's ``seed + j``
+of the j-th sample of an ``n > 1`` request."""
+
+
+def request_seeds(seed: int | None, count: int) -> list[int | None]:
+    """One seed per request of a call seeded with ``seed``: distinct per position, the same for the same call.
+
+    NumPy's ``SeedSequence`` spawns the children, so seeds of neighbouring calls (the engine's ``seed + turn``) share
+    no structure; ``None`` (unseeded) stays ``None`` on every request.
+    """
+    if seed is None:
+        return [None] * count
+    children = np.random.SeedSequence(seed % 2**64).spawn(count)
+    return [int(child.generate_state(1, np.uint64)[0]) >> (64 - REQUEST_SEED_BITS) for child in children]
 
 
 def policy_label(generator: object) -> str:

@@ -27,6 +27,9 @@ name it in ``stop_reason``, and it is appended back so that ``text`` ends with i
 :mod:`prorag.llm.generation` contract says. A server without ``stop_reason`` gives ``stop=None`` and a text
 without the stop string.
 
+Seeds: a seeded call sends each of its requests its own seed (:func:`~prorag.llm.generation.request_seeds`), so the
+G copies of one prompt are G samples, as in-process, and the same call gives the same samples again.
+
 Sampling fields: every request states its whole sampler. vLLM fills each field a request leaves out from the
 model's ``generation_config.json`` (``--generation-config auto``, its default: Qwen2.5-Instruct brings ``top_k`` 20
 and ``repetition_penalty`` 1.05), and with ``--logprobs-mode processed_logprobs`` the returned log-probabilities
@@ -52,6 +55,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import urlsplit
 
@@ -67,6 +71,7 @@ from prorag.llm.generation import (
     Prompt,
     SamplingParams,
     render_chat,
+    request_seeds,
 )
 
 if TYPE_CHECKING:
@@ -243,7 +248,9 @@ class OpenAICompatibleGenerator:
     @staticmethod
     async def _gather(request: Callable[[Any, SamplingParams], Awaitable[list[Completion]]], items: list[Any],
                       params: SamplingParams) -> list[list[Completion]]:
-        tasks = [asyncio.ensure_future(request(item, params)) for item in items]
+        # one seed per request, not the call's seed on all: a server seeds each request alone (generation.py)
+        tasks = [asyncio.ensure_future(request(item, replace(params, seed=seed)))
+                 for item, seed in zip(items, request_seeds(params.seed, len(items)), strict=True)]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
