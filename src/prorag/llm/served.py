@@ -10,7 +10,8 @@ training, the policy is either
 * a **full model** folder (full-parameter RL): no running server knows it. :func:`served_model_name` asks the
   :class:`TrainedServerSpec`'s endpoint whether it serves the folder's name (``GET /v1/models``); if not and
   ``launch`` is set, it starts ``command`` (by default ``vllm serve <folder> --served-model-name <name>``) on the
-  declared GPUs and port, waits for ``/health``, and stops it when the process exits. Without ``launch`` it refuses
+  declared GPUs and port (:func:`prorag.llm.server_process.start_server`: its log's last lines in any error), waits
+  until it serves the name, and stops it when the process exits. Without ``launch`` it refuses
   with the command to start.
 
 A local folder is never sent as a ``model`` name: a server answers "model does not exist" for it.
@@ -22,9 +23,6 @@ import atexit
 import contextlib
 import hashlib
 import logging
-import os
-import subprocess
-import time
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlparse
@@ -33,6 +31,8 @@ import httpx
 from pydantic import Field
 
 from prorag.config import StrictModel
+from prorag.llm.registry import cache_dir
+from prorag.llm.server_process import ServerProcess, ServerStartError, start_server
 
 logger = logging.getLogger(__name__)
 
@@ -125,18 +125,13 @@ def served_adapter_name(base_url: str, adapter_dir: str, *, api_key: str | None 
         "MODEL --enable-lora --max-lora-rank 16 ...` (docs/scaling.md), on the same machine as the adapter folder")
 
 
-_LAUNCHED: dict[str, tuple[subprocess.Popen, str]] = {}
-"""Servers this process started: base_url -> (process, folder)."""
+_LAUNCHED: dict[str, tuple[ServerProcess, str]] = {}
+"""Servers this process started: base_url -> (server, folder)."""
 
 
 def _stop(base_url: str) -> None:
-    process, folder = _LAUNCHED.pop(base_url)
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    server, folder = _LAUNCHED.pop(base_url)
+    server.stop(timeout=60)
     logger.info("stopped the server of %s at %s", folder, base_url)
 
 
@@ -173,19 +168,11 @@ def served_model_name(spec: TrainedServerSpec | None, folder: str, *, api_key: s
     if spec.base_url in _LAUNCHED:
         _stop(spec.base_url)  # it serves an earlier folder; one trained model per declared GPU
     command = launch_command(spec, folder, name)
-    env = dict(os.environ)
-    if spec.gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in spec.gpus)
-    logger.info("starting %s (CUDA_VISIBLE_DEVICES=%s)", " ".join(command), env.get("CUDA_VISIBLE_DEVICES"))
-    process = subprocess.Popen(command, env=env)
-    _LAUNCHED[spec.base_url] = (process, folder)
-    deadline = time.monotonic() + spec.startup_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            _LAUNCHED.pop(spec.base_url, None)
-            raise ServedModelError(f"`{' '.join(command)}` exited with {process.returncode} before serving {name}")
-        if name in served_models(spec.base_url, api_key=api_key, timeout=2.0):
-            return name
-        time.sleep(1.0)
-    _stop(spec.base_url)
-    raise ServedModelError(f"`{' '.join(command)}` did not serve {name} within {spec.startup_timeout:g} s")
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in spec.gpus)} if spec.gpus else {}
+    try:
+        server = start_server(command, spec.base_url, cache_dir() / "logs" / f"{name}.log", served_name=name,
+                              model_dir=folder, env=env, startup_timeout=spec.startup_timeout)
+    except ServerStartError as error:
+        raise ServedModelError(str(error)) from error
+    _LAUNCHED[spec.base_url] = (server, folder)
+    return name
