@@ -67,6 +67,20 @@ def test_the_logging_filter_hides_credentials_in_messages_arguments_and_tracebac
     assert "http://***@127.0.0.1:9/v1" in record.getMessage()
 
 
+def test_the_logging_filter_keeps_the_arguments_a_formatter_unpacks():
+    """uvicorn's access formatter unpacks ``record.args`` (client, method, path, version, status): the filter
+    redacts the path argument in place instead of flattening the message (issue 47, bug 10)."""
+    from uvicorn.logging import AccessFormatter
+
+    from prorag.redaction import RedactingFilter
+
+    args = ("127.0.0.1:5", "POST", "/v1/completions?api_key=sk-QUERYKEY-1&n=2", "1.1", 200)
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d', args, None)
+    assert RedactingFilter().filter(record)
+    line = AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s', use_colors=False).format(record)
+    assert line == '127.0.0.1:5 - "POST /v1/completions?api_key=***&n=2 HTTP/1.1" 200 OK', line
+
+
 INFO_LOG_SCRIPT = f"""
 import logging
 from kedro.framework.project import configure_project  # Kedro configures logging from conf/logging.yml

@@ -85,6 +85,14 @@ class RedactingFilter(logging.Filter):
         except Exception:  # a broken format string: leave it to the handler's own error reporting
             return True
         redacted = redact_text(message)
+        if redacted != message and isinstance(record.args, tuple):
+            # Redact the arguments one by one first: formatters that read ``record.args`` (uvicorn's access log
+            # unpacks client, method, path, version and status) keep working, with ``?api_key=***`` in the path.
+            record.args = tuple(redact_text(arg) if isinstance(arg, str) else arg for arg in record.args)
+            try:
+                message = record.getMessage()
+            except Exception:
+                message = ""
         if redacted != message:
             record.msg, record.args = redacted, None
         if record.exc_info and not record.exc_text:

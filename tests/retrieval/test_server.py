@@ -239,3 +239,28 @@ def test_command_line_server_serves_an_index_directory(tmp_path, hotpot_passages
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_access_log_hides_a_key_in_the_query_string_and_idle_connections_are_closed(bm25):
+    """Issue 47: bug 10 (the access log showed ``?api_key=…`` in clear) and the weak point "idle connections and
+    unfinished headers are held forever"."""
+    import io
+    import logging
+    import socket
+
+    app = create_app(Counting(bm25))
+    with BackgroundServer(app, log_level="info", access_log=True, header_timeout_s=1.0,
+                          keep_alive_timeout_s=1.0) as running:
+        log = io.StringIO()
+        for handler in logging.getLogger("uvicorn.access").handlers:
+            handler.setStream(log)
+        reply = httpx.post(running.url + "/retrieve?api_key=sk-secret-QUERY-3", json={"queries": ["a"]}, timeout=10)
+        assert reply.status_code == 200
+        with socket.create_connection(("127.0.0.1", running.port)) as sock:
+            sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # half a header, then silence
+            sock.settimeout(6)
+            started = time.monotonic()
+            assert sock.recv(1024) == b""  # closed by the server
+            assert time.monotonic() - started < 4
+    line = log.getvalue()
+    assert "POST /retrieve?api_key=*** HTTP/1.1" in line and "sk-secret" not in line, line

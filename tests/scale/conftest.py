@@ -84,8 +84,8 @@ def capturing(app, captured: Captured):
 
         async def replay():
             nonlocal sent
-            if sent:
-                return {"type": "http.disconnect"}
+            if sent:  # then the real channel: it says disconnect only when the client has left
+                return await receive()
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
 

@@ -4,10 +4,12 @@
 ``AsyncOpenAI`` client:
 
 * **bounded concurrency** — at most ``max_concurrency`` requests in flight (a semaphore);
-* **timeouts and retries** — each attempt is bounded by ``timeout`` seconds and retried up to ``max_retries``
+* **timeouts and retries** — each attempt (connecting, sending, and receiving the whole reply, body included) has
+  an overall deadline of ``timeout`` seconds, so a server that trickles its reply a byte at a time fails it at the
+  deadline (:class:`~prorag.llm.async_session.AttemptDeadlineClient`); attempts are retried up to ``max_retries``
   times by the client on connection errors, timeouts, 408/409/429 and 5xx answers, with exponential backoff
   (0.5 s doubling up to 8 s, with jitter; ``Retry-After`` honoured). An item that still fails gets an unknown
-  verdict with ``error`` set; the rest of the batch is unaffected;
+  verdict with ``error`` set (``timeout: …`` for timeouts); the rest of the batch is unaffected;
 * **persistent cache** — with a :class:`~prorag.judges.cache.JudgeCache`, every reply that parsed is written as
   soon as it arrives, keyed by the endpoint, the model, the messages and the sampling parameters; a re-run, or a
   run after a crash, sends only what is missing. Identical requests within one batch are sent once;

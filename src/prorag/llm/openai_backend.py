@@ -5,15 +5,20 @@ samples), at most ``max_concurrency`` in flight. The client runs on a private ev
 thread, so the synchronous :meth:`OpenAICompatibleGenerator.generate` works whether or not the caller has
 an event loop running; async callers may ``await`` :meth:`~OpenAICompatibleGenerator.agenerate`.
 
-Timeouts and retries are the client's own: each attempt is bounded by ``timeout`` seconds and retried up to
-``max_retries`` times on connection errors, timeouts, 408/409/429 and 5xx answers, with exponential backoff
-(0.5 s doubling up to 8 s, 0–25 % jitter; a ``Retry-After`` header is honoured). A request that still fails
-raises :class:`~prorag.llm.generation.GenerationTimeoutError` (timeouts) or
+Timeouts and retries: each attempt — connecting, sending, and receiving the whole reply, body included — has an
+overall deadline of ``timeout`` seconds (:class:`~prorag.llm.async_session.AttemptDeadlineClient`; a server that
+trickles its reply a byte at a time fails the attempt at the deadline, not never). Attempts are retried by the
+client up to ``max_retries`` times on connection errors, timeouts, 408/409/429 and 5xx answers, with exponential
+backoff (0.5 s doubling up to 8 s, 0–25 % jitter; a ``Retry-After`` header is honoured), so a request ends within
+about ``timeout × (max_retries + 1)`` plus the backoff. A request that still fails raises
+:class:`~prorag.llm.generation.GenerationTimeoutError` (timeouts) or
 :class:`~prorag.llm.generation.GenerationError` (anything else, including 4xx answers, never retried).
 
-A 200 reply that is no completion — an HTML page (a proxy's login page), fewer or more than ``n`` choices, a text
-holding a lone surrogate, ``token_ids`` that are not non-negative integers — raises
-:class:`~prorag.llm.generation.GenerationError` naming the endpoint, never a raw ``AttributeError``.
+A 200 reply that is no completion — an HTML page (a proxy's login page), a body declared JSON that does not decode
+(HTML, bytes that are no UTF-8, an integer of more digits than Python converts, nesting deeper than it parses), fewer
+or more than ``n`` choices, a text holding a lone surrogate, ``token_ids`` that are not non-negative integers —
+raises :class:`~prorag.llm.generation.GenerationError` naming the endpoint, never a raw ``AttributeError``,
+``JSONDecodeError`` or ``RecursionError``.
 
 Token ids: with ``return_token_ids=True`` (the default) the request carries vLLM's ``return_token_ids``
 extra field, and the server's ``token_ids`` / ``prompt_token_ids`` are used (vLLM ≥ 0.10.2 and
@@ -357,6 +362,8 @@ class OpenAICompatibleGenerator:
             except openai.APIStatusError as error:
                 raise GenerationError(f"{self.base_url} ({endpoint}) answered {error.status_code}: "
                                       f"{_error_message(error)}") from error
+            except (ValueError, RecursionError) as error:  # a body declared JSON that the client cannot decode
+                raise self._malformed(endpoint, f"not JSON ({type(error).__name__}: {str(error)[:120]})") from None
 
     def _completion(self, choice: Any, text: str, token_logprobs: list[float | None] | None, response: Any,
                     prompt: Prompt | None, params: SamplingParams, endpoint: str) -> Completion:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +33,10 @@ def _parse_document(document: Any, where: str) -> tuple[str, str, str]:
     return (identifier, head.strip('"'), tail) if separator else (identifier, "", head)
 
 
+def _decode(content: bytes | bytearray) -> Any:
+    return json.loads(bytes(content))
+
+
 class RetrievalClient:
     """Search a remote index: ``RetrievalClient("http://127.0.0.1:8090").search(["q"], k=3)``.
 
@@ -38,6 +44,12 @@ class RetrievalClient:
     ``None`` asks the server's ``/health`` for its ``max_queries`` once (256 if it does not say).
     Connection failures are retried ``retries`` times; a 4xx/5xx raises :class:`RetrievalServerError`
     with the server's message. Thread-safe (one pooled ``httpx.Client``).
+
+    Each request has an overall deadline of ``timeout`` seconds: a reply body still arriving then (a server that
+    trickles it a byte at a time) is abandoned at its next chunk and raises
+    :class:`~prorag.retrieval.base.RetrievalError`. ``timeout`` is also httpx's per-phase limit (connect, each read),
+    so a server silent for ``timeout`` seconds ends the request too. A reply that is not
+    JSON (HTML, bytes that are no UTF-8, a huge integer, deep nesting) raises ``RetrievalError`` naming the URL.
     """
 
     def __init__(
@@ -51,7 +63,10 @@ class RetrievalClient:
     ) -> None:
         if max_queries_per_request is not None and max_queries_per_request < 1:
             raise ValueError(f"max_queries_per_request must be >= 1, got {max_queries_per_request}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
         self.base_url = base_url.rstrip("/")
+        self.timeout = float(timeout)
         self.max_queries_per_request = max_queries_per_request
         self._http = httpx.Client(
             base_url=self.base_url,
@@ -61,20 +76,30 @@ class RetrievalClient:
 
     def _request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
         url = f"{self.base_url}{path}"
+        deadline = time.monotonic() + self.timeout
         try:
-            response = self._http.request(method, path, json=payload)
+            with self._http.stream(method, path, json=payload) as response:
+                content = bytearray()
+                for chunk in response.iter_bytes():  # the deadline bounds the whole reply, not each read
+                    content += chunk
+                    self._check_deadline(deadline, url)
+                self._check_deadline(deadline, url)
         except httpx.HTTPError as error:
             raise RetrievalError(f"cannot reach retrieval server {url}: {type(error).__name__}: {error}") from error
         if response.status_code >= 400:
             try:
-                detail = response.json().get("detail", response.text)
-            except (ValueError, AttributeError):
-                detail = response.text
+                detail = _decode(content).get("detail", content.decode(errors="replace"))
+            except (ValueError, RecursionError, AttributeError):
+                detail = content.decode(errors="replace")
             raise RetrievalServerError(url, response.status_code, str(detail))
         try:
-            return response.json()
-        except ValueError as error:
-            raise RetrievalError(f"malformed response from {url}: not JSON") from error
+            return _decode(content)
+        except (ValueError, RecursionError) as error:  # HTML, no UTF-8, a huge integer, deep nesting
+            raise RetrievalError(f"malformed response from {url}: not JSON ({type(error).__name__})") from None
+
+    def _check_deadline(self, deadline: float, url: str) -> None:
+        if time.monotonic() > deadline:
+            raise RetrievalError(f"retrieval server {url} timed out: no complete reply within {self.timeout:g} s")
 
     def _chunk_size(self) -> int:
         if self.max_queries_per_request is None:

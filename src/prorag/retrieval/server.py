@@ -39,12 +39,15 @@ from prorag.retrieval.base import Hit, Retriever
 from prorag.serving.batching import MicroBatcher
 from prorag.serving.guard import (
     BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    KEEP_ALIVE_TIMEOUT_S,
     LOOPBACK_HOSTS,
     BadRequestBody,
     allowed_hosts_for,
     check_content_type,
     parse_json_body,
     restrict_hosts,
+    server_config,
 )
 from prorag.serving.guard import read_body as read_guarded_body
 
@@ -303,9 +306,28 @@ def create_app(
 class BackgroundServer:
     """Run an app with ``uvicorn.Server`` on a background thread (port 0 = a free port); a context manager."""
 
-    def __init__(self, app: FastAPI, host: str = DEFAULT_HOST, port: int = 0, *, log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        host: str = DEFAULT_HOST,
+        port: int = 0,
+        *,
+        log_level: str = "warning",
+        access_log: bool = False,
+        keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+    ) -> None:
         self.server = uvicorn.Server(
-            uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on")
+            server_config(
+                app,
+                host=host,
+                port=port,
+                log_level=log_level,
+                access_log=access_log,
+                keep_alive_timeout_s=keep_alive_timeout_s,
+                header_timeout_s=header_timeout_s,
+                lifespan="on",
+            )
         )
         self.host = host
         self.port = port
@@ -359,13 +381,24 @@ def serve(
     port: int = DEFAULT_PORT,
     *,
     log_level: str = "info",
+    keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S,
+    header_timeout_s: float = HEADER_TIMEOUT_S,
     **app_options: Any,
 ) -> None:
-    """Serve ``retriever`` in the foreground (blocks); loopback only unless ``host`` says otherwise."""
+    """Serve ``retriever`` in the foreground (blocks); loopback only unless ``host`` says otherwise. The access
+    log is redacted (``?api_key=***``); idle connections and unfinished headers are closed after the timeouts."""
     if host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("retrieval server binding %s: reachable from other machines, with no authentication", host)
     app_options.setdefault("allowed_hosts", allowed_hosts_for(host))
-    uvicorn.run(create_app(retriever, **app_options), host=host, port=port, log_level=log_level)
+    config = server_config(
+        create_app(retriever, **app_options),
+        host=host,
+        port=port,
+        log_level=log_level,
+        keep_alive_timeout_s=keep_alive_timeout_s,
+        header_timeout_s=header_timeout_s,
+    )
+    uvicorn.Server(config).run()
 
 
 class ServerExtension(Protocol):
@@ -399,6 +432,11 @@ def build_parser(extensions: Sequence[ServerExtension] = ()) -> argparse.Argumen
                         help="largest request body (default: %(default)s)")
     parser.add_argument("--body-timeout-s", type=float, default=30.0,
                         help="longest wait for the next chunk of a request body (default: %(default)s)")
+    parser.add_argument("--keep-alive-timeout-s", type=float, default=KEEP_ALIVE_TIMEOUT_S,
+                        help="close a keep-alive connection idle this long after a reply (default: %(default)s)")
+    parser.add_argument("--header-timeout-s", type=float, default=HEADER_TIMEOUT_S,
+                        help="close a connection whose request headers are not complete this long after it opened "
+                             "or after its previous reply (default: %(default)s)")
     parser.add_argument("--fair-share-queries", type=int, default=32,
                         help="queries of one request searched at a time (default: %(default)s)")
     parser.add_argument("--batch-window-ms", type=float, default=5.0,
@@ -449,6 +487,8 @@ def main(argv: Sequence[str] | None = None, extensions: Sequence[ServerExtension
         args.host,
         args.port,
         log_level=args.log_level,
+        keep_alive_timeout_s=args.keep_alive_timeout_s,
+        header_timeout_s=args.header_timeout_s,
         default_topk=args.default_topk,
         max_topk=args.max_topk,
         max_queries=args.max_queries,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from prorag.redaction import install_log_redaction
 from prorag.serving.app import DEFAULT_HOST
+from prorag.serving.guard import HEADER_TIMEOUT_S, KEEP_ALIVE_TIMEOUT_S
 
 logger = logging.getLogger("prorag.serving")
 
@@ -51,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest request body (default: %(default)s)")
     parser.add_argument("--body-timeout-s", type=float, default=30.0,
                         help="longest wait for the next chunk of a request body (default: %(default)s)")
+    parser.add_argument("--keep-alive-timeout-s", type=float, default=KEEP_ALIVE_TIMEOUT_S,
+                        help="close a keep-alive connection idle this long after a reply (default: %(default)s)")
+    parser.add_argument("--header-timeout-s", type=float, default=HEADER_TIMEOUT_S,
+                        help="close a connection whose request headers are not complete this long after it opened "
+                             "or after its previous reply (default: %(default)s)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice; 1 is often faster on shared CPUs)")
     parser.add_argument("--api-key", default=None,
@@ -87,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from prorag.llm.transformers_backend import TransformersGenerator
     from prorag.serving.app import create_app
-    from prorag.serving.guard import allowed_hosts_for
+    from prorag.serving.guard import allowed_hosts_for, server_config
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -110,7 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                      allowed_hosts=allowed_hosts_for(args.host))
     logger.info("serving %s on http://%s:%d/v1%s", args.served_model_name or args.model, args.host, args.port,
                 " (API key required)" if api_key else "")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    # server_config: the access log redacted (?api_key=***), and idle connections and unfinished headers closed.
+    uvicorn.Server(server_config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                 keep_alive_timeout_s=args.keep_alive_timeout_s,
+                                 header_timeout_s=args.header_timeout_s)).run()
     return 0
 
 

@@ -17,7 +17,9 @@ Batching: requests arriving within ``batch_wait_ms`` of each other (up to ``max_
 four windows after the first, plus whatever queued while the previous batch ran) are grouped by identical
 sampling parameters, and each group becomes one ``generator.generate`` call on a single worker thread, so the
 event loop stays responsive. A seeded sampling request runs on its own, so its samples do not depend on other
-traffic. Counters are on ``app.state.stats`` (:class:`ServerStats`).
+traffic. A request whose client disconnects is dropped before its next share (``stats.abandoned``). Tokenizing and
+chat templating run on their own thread, after a refusal by length alone of a text too long for the context window.
+Counters are on ``app.state.stats`` (:class:`ServerStats`).
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests
 (malformed JSON, JSON nested too deeply, a lone surrogate in a string, unknown model, empty prompt or messages,
@@ -45,8 +47,9 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -59,20 +62,25 @@ from prorag.llm.prefix_cache import GenerationStats
 from prorag.serving.batching import MicroBatcher
 from prorag.serving.guard import (
     BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    KEEP_ALIVE_TIMEOUT_S,
     LOOPBACK_HOSTS,
     BadRequestBody,
     check_content_type,
     parse_json_body,
     read_body,
     restrict_hosts,
+    server_config,
 )
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
+T = TypeVar("T")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _MAX_STOP_STRINGS = 16
 _PLACEHOLDER = re.compile("(\ue000\\d+\ue001)")
+DISCONNECT_POLL_S = 0.2  # how often a waiting request checks that its client is still connected
 
 
 class ApiError(Exception):
@@ -109,6 +117,7 @@ class ServerStats:
     completion_tokens: int = 0
     generate_seconds: float = 0.0
     rejected: int = 0  # 4xx answers
+    abandoned: int = 0  # requests dropped because their client disconnected before the answer
     errors: int = 0  # failed generate calls
     started_at: float = field(default_factory=time.time)
     generation: GenerationStats | None = None  # the in-process generator's prefill / KV-reuse / decode counters
@@ -121,7 +130,8 @@ class ServerStats:
             "requests": self.requests, "prompts": self.prompts, "generate_calls": self.generate_calls,
             "largest_batch": self.largest_batch, "mean_batch": sum(sizes) / len(sizes) if sizes else 0.0,
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-            "generate_seconds": round(self.generate_seconds, 4), "rejected": self.rejected, "errors": self.errors,
+            "generate_seconds": round(self.generate_seconds, 4), "rejected": self.rejected, "abandoned": self.abandoned,
+            "errors": self.errors,
             "uptime_s": round(time.time() - self.started_at, 1),
         }
 
@@ -187,6 +197,20 @@ class GenerationBatcher(MicroBatcher[_Pending]):
             offset += len(item.prompts)
             if not item.future.done():
                 item.future.set_result(share)
+
+
+class _ClientGone(Exception):
+    """The client of a request disconnected before its answer."""
+
+
+def _longest_token_chars(tokenizer: Any) -> int | None:
+    """The most characters of text one token can stand for (the longest vocabulary entry: a byte-level or
+    SentencePiece entry is at least as long as the text it decodes to); None when the vocabulary is unknown."""
+    try:
+        longest = max((len(token) for token in tokenizer.get_vocab()), default=0)
+    except Exception:  # a tokenizer without a readable vocabulary: no cheap refusal, encoding still off the loop
+        return None
+    return longest or None
 
 
 # ------------------------------------------------------------------------------------ field parsing
@@ -312,6 +336,12 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
     encode: Callable[[str], list[int]] = getattr(generator, "encode", None) or (
         lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"]))
     special_tokens = [token for token in getattr(tokenizer, "all_special_tokens", []) if token]
+    # Tokenizing and templating run on their own thread, one at a time, so a large prompt never holds the event loop
+    # (``/health`` and every other request stay answered). Before that, a text too long for the context window is
+    # refused by its length alone: no token is longer than ``longest_token`` characters, so a text of more than
+    # ``longest_token * (context_window - max_tokens)`` characters cannot fit whatever its tokens are.
+    encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prorag-serve-encode")
+    longest_token = _longest_token_chars(tokenizer)
     stats = ServerStats(generation=getattr(generator, "stats", None))
     batcher = GenerationBatcher(generator, stats, max_batch_size=max_batch_size, batch_wait_s=batch_wait_ms / 1000.0)
     created = int(time.time())
@@ -320,6 +350,7 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         await batcher.aclose()
+        encoder.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="prorag OpenAI-compatible server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -381,6 +412,21 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
                            f"the context window of {context_window} tokens", param=param,
                            code="context_length_exceeded")
 
+    def check_length(texts: Sequence[str], params: SamplingParams, param: str) -> None:
+        """Refuse, before any tokenizing, a text that cannot fit the context window whatever its tokens are."""
+        if context_window is None or longest_token is None:
+            return
+        room = context_window - params.max_new_tokens
+        longest = max((len(text) for text in texts), default=0)
+        if longest > longest_token * max(room, 0):
+            raise ApiError(400, f"the prompt ({longest} characters, so more than {longest // longest_token} tokens) "
+                           f"plus max_tokens ({params.max_new_tokens}) exceeds the context window of "
+                           f"{context_window} tokens", param=param, code="context_length_exceeded")
+
+    async def off_loop(function: Callable[..., T], *args: Any) -> T:
+        """Run tokenizing or templating on the encoder thread, keeping the event loop free."""
+        return await asyncio.get_running_loop().run_in_executor(encoder, function, *args)
+
     def encode_text(text: str, param: str) -> list[int]:
         if not text:
             raise ApiError(400, f"{param} must not be empty", param=param, code="invalid_value")
@@ -441,7 +487,23 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
                                param="prompt", code="invalid_value")
         return [list(ids) for ids in batch]
 
-    async def run(prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    async def share_or_drop(request: Request, prompts: list[list[int]],
+                            params: SamplingParams) -> list[list[Completion]]:
+        """One share's completions; :class:`_ClientGone` as soon as the client has disconnected. Cancelling the
+        wait cancels the queued request's future, so the batcher drops it before its generate call."""
+        task = asyncio.ensure_future(batcher.submit(prompts, params))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():
+                    raise _ClientGone
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def run(request: Request, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         sequences = len(prompts) * params.n
         if sequences > max_request_sequences:
             raise ApiError(400, f"{len(prompts)} prompts x n={params.n} = {sequences} sequences exceed the limit of "
@@ -453,9 +515,16 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
         # request arriving meanwhile joins the next share's batch instead of waiting for the whole request.
         share = max(1, max_batch_size // params.n)
         results: list[list[Completion]] = []
+        # A client that disconnects is noticed within DISCONNECT_POLL_S: its queued share is dropped and no further
+        # share runs (a generate call already under way finishes; its result is discarded).
         try:
             for start in range(0, len(prompts), share):
-                results += await batcher.submit(prompts[start:start + share], params)
+                results += await share_or_drop(request, prompts[start:start + share], params)
+        except _ClientGone:
+            stats.abandoned += 1
+            logger.info("client disconnected: dropped the rest of a request of %d prompts x n=%d", len(prompts),
+                        params.n)
+            raise ApiError(499, "the client closed the request", code="client_closed_request") from None
         except Exception as error:
             raise ApiError(500, f"generation failed: {type(error).__name__}: {error}", kind="server_error",
                            code="generation_failed") from error
@@ -482,7 +551,7 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> JSONResponse:
-        if error.status < 500:
+        if error.status < 499:  # 499: the client left (counted as abandoned)
             stats.rejected += 1
         return JSONResponse(error.body(), status_code=error.status)
 
@@ -525,14 +594,17 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
         body = await read_json(request)
         if "prompt" not in body:
             raise ApiError(400, "prompt is required", param="prompt", code="missing_required_parameter")
-        prompts = parse_prompts(body["prompt"])
         max_tokens = _int_field(body, "max_tokens", None, 1, max_tokens_limit)
         top = _int_field(body, "logprobs", None, 0, 1)
         params = sampling(body, max_tokens, top is not None)
+        prompt = body["prompt"]
+        texts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else []
+        check_length([text for text in texts if isinstance(text, str)], params, "prompt")
+        prompts = await off_loop(parse_prompts, prompt)
         check_context(prompts, params, "prompt")
         include_stop = _bool_field(body, "include_stop_str_in_output")
         with_ids = _bool_field(body, "return_token_ids")
-        results = await run(prompts, params)
+        results = await run(request, prompts, params)
         choices = []
         for prompt_ids, samples in zip(prompts, results, strict=True):
             for completion in samples:
@@ -567,16 +639,18 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "messages must be a non-empty list", param="messages", code="invalid_value")
         conversation = [_message_text(message, index) for index, message in enumerate(messages)]
-        prompts = [encode_chat(conversation)]
         max_tokens = _int_field(body, "max_completion_tokens", None, 1, max_tokens_limit)
         max_tokens = _int_field(body, "max_tokens", max_tokens, 1, max_tokens_limit)
         want_logprobs = _bool_field(body, "logprobs")
         top = _int_field(body, "top_logprobs", 0, 0, 1) or 0
         params = sampling(body, max_tokens, want_logprobs)
+        # The templated text holds every message's content, so their total length bounds its tokens from below.
+        check_length(["".join(message["content"] for message in conversation)], params, "messages")
+        prompts = [await off_loop(encode_chat, conversation)]
         check_context(prompts, params, "messages")
         include_stop = _bool_field(body, "include_stop_str_in_output")
         with_ids = _bool_field(body, "return_token_ids")
-        results = await run(prompts, params)
+        results = await run(request, prompts, params)
         choices = []
         for completion in results[0]:
             choice: dict[str, Any] = {
@@ -610,14 +684,19 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
 
 
 def serve_in_thread(app: FastAPI, host: str = DEFAULT_HOST, port: int = 0, *, log_level: str = "warning",
-                    timeout: float = 30.0) -> tuple[str, Callable[[], None]]:
+                    timeout: float = 30.0, access_log: bool = False,
+                    keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S,
+                    header_timeout_s: float = HEADER_TIMEOUT_S) -> tuple[str, Callable[[], None]]:
     """Run ``app`` with ``uvicorn.Server`` on a daemon thread; returns ``(base_url, stop)``.
 
     ``port=0`` picks a free port. ``base_url`` ends with ``/v1`` (what ``OpenAI(base_url=…)`` expects);
-    ``stop()`` asks the server to exit and joins the thread (idempotent).
+    ``stop()`` asks the server to exit and joins the thread (idempotent). The connection timeouts and the redacted
+    logs are those of the command line (:func:`prorag.serving.guard.server_config`).
     """
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                                           lifespan="on", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                                          keep_alive_timeout_s=keep_alive_timeout_s,
+                                          header_timeout_s=header_timeout_s, lifespan="on",
+                                          timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, name=f"prorag-serve-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

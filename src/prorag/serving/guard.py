@@ -151,3 +151,103 @@ def _check_text(text: str, where: str) -> None:
     except UnicodeEncodeError as error:
         raise BadRequestBody(400, f"{where[:200]}: invalid Unicode (lone surrogate U+{ord(text[error.start]):04X} "
                                   f"at character {error.start})") from None
+
+
+# ------------------------------------------------------------------------------ connections and access logs
+
+KEEP_ALIVE_TIMEOUT_S: Final = 5.0
+"""Default longest idle time of a keep-alive connection between a reply and the next request (uvicorn's own
+default; nginx's ``keepalive_timeout`` is 75 s)."""
+HEADER_TIMEOUT_S: Final = 30.0
+"""Default longest time from a connection's opening (or its previous reply) to the end of the next request's
+headers: a connection that sends nothing, or half a header, is closed after it (nginx's ``client_header_timeout``
+is 60 s). uvicorn has no such timeout: its keep-alive timer starts only after a reply and stops at the first byte."""
+
+
+def timed_http_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP/1.1 protocol class (httptools when installed, else h11) with a header timeout: the connection
+    is closed when a request's headers are not complete ``header_timeout_s`` after the connection opened or the
+    previous reply ended. Pass the class as ``uvicorn.Config(http=…)``."""
+    if not header_timeout_s > 0:
+        raise ValueError(f"header_timeout_s must be > 0, got {header_timeout_s}")
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    base: Any = AutoHTTPProtocol
+
+    class HeaderTimeoutProtocol(base):  # type: ignore[misc, valid-type]
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _arm_header_timer(self) -> None:
+            self._disarm_header_timer()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._header_timeout)
+
+        def _disarm_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _header_timeout(self) -> None:
+            self._header_timer = None
+            idle = self.cycle is None or self.cycle.response_complete  # no request under way: idle or half a header
+            if idle and not self.transport.is_closing():
+                self.transport.close()
+
+        def _headers_done(self) -> None:
+            self._disarm_header_timer()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_header_timer()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self._arm_header_timer()  # waiting for the next request (a pipelined one already has its headers)
+
+        # httptools: the parser's callback when a request's headers are complete
+        def on_headers_complete(self) -> None:
+            self._headers_done()
+            super().on_headers_complete()
+
+        # h11: a request's headers are complete when the cycle of a new request starts
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:
+                self._headers_done()
+
+    HeaderTimeoutProtocol.__name__ = f"HeaderTimeout{base.__name__}"
+    return HeaderTimeoutProtocol
+
+
+def redacted_log_config() -> dict[str, Any]:
+    """uvicorn's logging configuration with :class:`prorag.redaction.RedactingFilter` on each of its handlers, so
+    the access log shows ``?api_key=***`` (``uvicorn.run`` installs its own handlers after the command line's
+    :func:`~prorag.redaction.install_log_redaction`, which therefore never reaches them)."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["redact"] = {"()": "prorag.redaction.RedactingFilter"}
+    for handler in config.get("handlers", {}).values():
+        handler["filters"] = [*handler.get("filters", []), "redact"]
+    return config
+
+
+def server_config(app: Any, *, host: str, port: int, log_level: str = "info", access_log: bool = True,
+                  keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S, header_timeout_s: float = HEADER_TIMEOUT_S,
+                  **options: Any) -> Any:
+    """The ``uvicorn.Config`` both servers run with: redacted logs (:func:`redacted_log_config`), the keep-alive
+    timeout and the header timeout (:func:`timed_http_protocol`)."""
+    import uvicorn
+
+    if not keep_alive_timeout_s > 0:
+        raise ValueError(f"keep_alive_timeout_s must be > 0, got {keep_alive_timeout_s}")
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                          log_config=redacted_log_config(), timeout_keep_alive=keep_alive_timeout_s,  # type: ignore[arg-type]
+                          http=timed_http_protocol(header_timeout_s), **options)

@@ -1,0 +1,226 @@
+"""`prorag serve` under clients that leave or stall (issue 47, bugs 3 and 4; weak point "idle connections"): an
+abandoned request is dropped before its next share; a huge prompt is refused by its length and encoded off the
+event loop, so ``/health`` stays answered; a connection that sends nothing or half a header is closed after the
+header timeout; an idle keep-alive connection after the keep-alive timeout."""
+
+from __future__ import annotations
+
+import io
+import logging
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from prorag.serving import create_app, serve_in_thread
+
+PER_CALL_S = 1.5  # each generate call of the slow generator takes this long, whatever it generates
+
+
+class SlowGenerator:
+    """The tiny model behind a generate call that takes PER_CALL_S (a heavy share, without burning the CPUs)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.tokenizer = inner.tokenizer
+        self.vocab_size = inner.vocab_size
+        self.encode = inner.encode
+        self.apply_chat_template = inner.apply_chat_template
+        self.calls: list[int] = []  # prompts per call
+
+    def generate(self, prompts, params):
+        self.calls.append(len(prompts))
+        time.sleep(PER_CALL_S)
+        return self.inner.generate(prompts, params)
+
+
+@pytest.fixture
+def slow_server(tiny_generator):
+    generator = SlowGenerator(tiny_generator)
+    app = create_app(generator, "slow", max_batch_size=8, batch_wait_ms=5, max_tokens_limit=64, max_n=16,
+                     context_window=2048)
+    url, stop = serve_in_thread(app)
+    yield url, app, generator
+    stop()
+
+
+def test_abandoned_requests_are_dropped_before_their_next_share(slow_server):
+    url, app, generator = slow_server
+    heavy = [{"prompt": ["x", "y"], "n": 16, "max_tokens": 4, "temperature": 1.0 - index / 10} for index in range(3)]
+
+    def abandon(body):  # the client gives up after 0.5 s and closes its connection
+        with httpx.Client(base_url=url, timeout=0.5) as client, pytest.raises(httpx.TimeoutException):
+            client.post("/completions", json=body)
+
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(abandon, heavy))
+    # 3 requests x 2 prompts, each prompt a share of its own (n=16 > max_batch_size): 6 generate calls, 9 s, if
+    # the server kept generating for clients that left.
+    started = time.perf_counter()
+    with httpx.Client(base_url=url, timeout=60) as client:
+        reply = client.post("/completions", json={"prompt": "hi", "max_tokens": 2})
+    waited = time.perf_counter() - started
+    assert reply.status_code == 200, reply.text
+    assert waited < 2 * PER_CALL_S + 1.0, f"a 2-token request waited {waited:.1f} s behind abandoned requests"
+    assert len(generator.calls) <= 3, generator.calls  # at most one abandoned share ran (plus the small request)
+    time.sleep(0.5)
+    assert app.state.stats.abandoned == 3
+
+
+def test_a_staying_client_still_gets_every_share(slow_server):
+    url, app, generator = slow_server
+    with httpx.Client(base_url=url, timeout=60) as client:
+        reply = client.post("/completions", json={"prompt": ["x", "y"], "n": 16, "max_tokens": 2})
+    assert reply.status_code == 200 and len(reply.json()["choices"]) == 32
+    assert generator.calls == [1, 1] and app.state.stats.abandoned == 0
+
+
+def _probe_health(url: str, stop: threading.Event, waits: list[float]) -> None:
+    with httpx.Client(base_url=url.removesuffix("/v1"), timeout=120) as client:
+        while not stop.is_set():
+            started = time.perf_counter()
+            assert client.get("/health").status_code == 200
+            waits.append(time.perf_counter() - started)
+            time.sleep(0.05)
+
+
+def test_huge_prompts_are_refused_by_length_while_health_answers(base_url):
+    huge = "a " * (3 << 20)  # 6.3 MB, under the 8 MiB body limit: tokenizing it took 16 s on the event loop
+    stop, waits = threading.Event(), []
+    prober = threading.Thread(target=_probe_health, args=(base_url, stop, waits))
+    prober.start()
+    try:
+        with httpx.Client(base_url=base_url, timeout=120) as client, ThreadPoolExecutor(4) as pool:
+            started = time.perf_counter()
+            replies = list(pool.map(lambda _: client.post("/completions", json={"prompt": huge, "max_tokens": 1}),
+                                    range(4)))
+            elapsed = time.perf_counter() - started
+            chat = client.post("/chat/completions", json={
+                "messages": [{"role": "user", "content": huge}], "max_tokens": 1})
+    finally:
+        stop.set()
+        prober.join()
+    assert elapsed < 5.0, f"4 huge prompts took {elapsed:.1f} s to refuse"
+    assert waits and max(waits) < 2.0, f"/health waited {max(waits):.1f} s"
+    for reply in [*replies, chat]:
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["code"] == "context_length_exceeded"
+        assert "characters" in reply.json()["error"]["message"]  # refused by its length, before tokenizing
+
+
+def test_encoding_and_templating_run_off_the_event_loop(tiny_generator):
+    encoding = threading.Event()
+    release = threading.Event()
+
+    class BlockingTemplate:  # a chat template that takes as long as the test says
+        tokenizer = tiny_generator.tokenizer
+        vocab_size = tiny_generator.vocab_size
+        encode = tiny_generator.encode
+
+        def apply_chat_template(self, conversation):
+            encoding.set()
+            release.wait(30)
+            return tiny_generator.apply_chat_template(conversation)
+
+        def generate(self, prompts, params):
+            return tiny_generator.generate(prompts, params)
+
+    url, stop = serve_in_thread(create_app(BlockingTemplate(), "blocking", context_window=2048))
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client, ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(client.post, "/chat/completions",
+                                  json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+            assert encoding.wait(10)
+            started = time.perf_counter()
+            health = httpx.get(url.removesuffix("/v1") + "/health", timeout=5)
+            assert health.status_code == 200 and time.perf_counter() - started < 2.0
+            release.set()
+            assert pending.result().status_code == 200
+    finally:
+        release.set()
+        stop()
+
+
+# ------------------------------------------------------------------------------ connection timeouts
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """Seconds until the server closed ``sock`` (None if still open after ``seconds``)."""
+    sock.settimeout(seconds)
+    started = time.perf_counter()
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return time.perf_counter() - started
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        return time.perf_counter() - started
+
+
+@pytest.fixture
+def timed_server(app):
+    url, stop = serve_in_thread(app, header_timeout_s=1.0, keep_alive_timeout_s=1.0)
+    host, port = url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+    yield host, int(port)
+    stop()
+
+
+@pytest.mark.parametrize("sent", [b"", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"], ids=["nothing", "half-header"])
+def test_a_connection_that_never_finishes_its_headers_is_closed(timed_server, sent):
+    with socket.create_connection(timed_server) as sock:
+        sock.sendall(sent)
+        closed = _closed_within(sock, 6.0)
+    assert closed is not None and closed < 4.0, "the connection was held open past the header timeout"
+
+
+def test_half_a_header_after_a_keep_alive_reply_is_closed_too(timed_server):
+    with socket.create_connection(timed_server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        sock.settimeout(10)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /health HTTP/1.1\r\n")  # stops the keep-alive timer, never finishes
+        closed = _closed_within(sock, 6.0)
+    assert closed is not None and closed < 4.0
+
+
+def test_a_slow_but_complete_request_is_still_served(timed_server):
+    with socket.create_connection(timed_server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        time.sleep(0.5)
+        sock.sendall(b"Host: 127.0.0.1\r\n\r\n")
+        sock.settimeout(10)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+# ------------------------------------------------------------------------------ access log (bug 10)
+
+
+def capture_access_log() -> io.StringIO:
+    """Point the handlers uvicorn configured for its access log (with their filters and formatter) at a buffer."""
+    buffer = io.StringIO()
+    handlers = logging.getLogger("uvicorn.access").handlers
+    assert handlers, "uvicorn configured no access-log handler"
+    for handler in handlers:
+        assert isinstance(handler, logging.StreamHandler)
+        handler.setStream(buffer)
+    return buffer
+
+
+def test_the_access_log_hides_a_key_sent_in_the_query_string(app):
+    url, stop = serve_in_thread(app, access_log=True, log_level="info")
+    try:
+        log = capture_access_log()
+        reply = httpx.get(url.removesuffix("/v1") + "/health?api_key=sk-secret-QUERY-1&access_token=sk-secret-2&x=1",
+                          timeout=10)
+        assert reply.status_code == 200
+        time.sleep(0.2)
+    finally:
+        stop()
+    line = log.getvalue()
+    assert "GET /health?api_key=***&access_token=***&x=1 HTTP/1.1" in line and "200" in line, line
+    assert "sk-secret" not in line
