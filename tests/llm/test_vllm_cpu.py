@@ -175,18 +175,18 @@ def test_engine_groups_through_vllm_do_not_collapse(served, retriever):
 def test_engine_rollouts_over_vllm_match_the_in_process_engine(served, in_process, retriever):
     """Greedy multi-turn HiPRAG rollouts: retrieval inserted, turns cut at the protocol's stops, and the format rate
     of the in-process engine on the same questions (both run SmolLM2 in float32, so most trajectories agree)."""
-    questions = load_questions(RAW / "qa" / "hotpotqa.jsonl")[:4]
-    settings = {"step_budget": 2, "max_new_tokens_per_turn": 48, "max_total_new_tokens": 128, "progress": False}
+    questions = load_questions(RAW / "qa" / "hotpotqa.jsonl")[:3]
+    settings = {"step_budget": 2, "max_new_tokens_per_turn": 40, "max_total_new_tokens": 96, "progress": False}
     remote = RolloutEngine(served, retriever, "hiprag", **settings).run(questions)
     local = RolloutEngine(in_process, retriever, "hiprag", **settings).run(questions)
     stops = RolloutEngine(served, retriever, "hiprag").adapter.stop_strings
     for rollout in remote:
         generated = [segment for segment in rollout.segments if segment.generated]
         for segment in generated[:-1]:  # every turn but the last ended at a stop string (or its token budget)
-            assert segment.text.endswith(stops) or len(segment.token_ids) == 48, segment.text
+            assert segment.text.endswith(stops) or len(segment.token_ids) == 40, segment.text
     assert any(segment.kind == "context" for rollout in remote for segment in rollout.segments)
     agree = sum(a.completion == b.completion for a, b in zip(remote, local, strict=True))
-    assert agree >= len(questions) // 2, agree
+    assert agree >= 1, agree
     remote_rate = sum(rollout.format_ok for rollout in remote) / len(remote)
     local_rate = sum(rollout.format_ok for rollout in local) / len(local)
     assert abs(remote_rate - local_rate) <= 1 / len(questions) + 1e-9, (remote_rate, local_rate)
