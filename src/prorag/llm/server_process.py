@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import logging
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -62,13 +63,18 @@ class ServerProcess:
         """Terminate the server (then kill it after ``timeout`` seconds); idempotent."""
         _STARTED.pop(id(self), None)
         if self.process.poll() is None:
-            self.process.terminate()
+            # the server's own session: its workers (vLLM's engine core) go with it
+            self._signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                self._signal(signal.SIGKILL)
                 self.process.wait()
         logger.info("stopped the server at %s", self.base_url)
+
+    def _signal(self, number: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, number)
 
 
 _STARTED: dict[int, ServerProcess] = {}
