@@ -32,7 +32,14 @@ from pydantic import Field
 
 from prorag.config import StrictModel
 from prorag.llm.registry import cache_dir
-from prorag.llm.server_process import ServerProcess, ServerStartError, start_server
+from prorag.llm.server_process import (
+    ServerProcess,
+    ServerStartError,
+    auth_headers,
+    served_models,
+    server_root,
+    start_server,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,25 +89,6 @@ def is_local_folder(model: str) -> bool:
     return Path(model).expanduser().is_dir()
 
 
-def _root(base_url: str) -> str:
-    root = base_url.rstrip("/")
-    return root.removesuffix("/v1")
-
-
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def served_models(base_url: str, *, api_key: str | None = None, timeout: float = 10.0) -> list[str]:
-    """The model names ``GET /v1/models`` lists ([] when the server cannot be reached)."""
-    try:
-        response = httpx.get(_root(base_url) + "/v1/models", headers=_headers(api_key), timeout=timeout)
-        response.raise_for_status()
-    except httpx.HTTPError:
-        return []
-    return [str(item.get("id")) for item in response.json().get("data", [])]
-
-
 def served_adapter_name(base_url: str, adapter_dir: str, *, api_key: str | None = None,
                         timeout: float = 120.0) -> str:
     """Load the PEFT adapter at ``adapter_dir`` into the server at ``base_url`` (once) and return its name."""
@@ -111,7 +99,7 @@ def served_adapter_name(base_url: str, adapter_dir: str, *, api_key: str | None 
         return name
     body = {"lora_name": name, "lora_path": str(Path(adapter_dir).expanduser().resolve())}
     try:
-        response = httpx.post(_root(base_url) + "/v1/load_lora_adapter", json=body, headers=_headers(api_key),
+        response = httpx.post(server_root(base_url) + "/v1/load_lora_adapter", json=body, headers=auth_headers(api_key),
                               timeout=timeout)
     except httpx.HTTPError as error:
         raise ServedModelError(f"cannot reach the policy server {base_url} to load the adapter {adapter_dir}: "
@@ -171,7 +159,7 @@ def served_model_name(spec: TrainedServerSpec | None, folder: str, *, api_key: s
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in spec.gpus)} if spec.gpus else {}
     try:
         server = start_server(command, spec.base_url, cache_dir() / "logs" / f"{name}.log", served_name=name,
-                              model_dir=folder, env=env, startup_timeout=spec.startup_timeout)
+                              api_key=api_key, model_dir=folder, env=env, startup_timeout=spec.startup_timeout)
     except ServerStartError as error:
         raise ServedModelError(str(error)) from error
     _LAUNCHED[spec.base_url] = (server, folder)

@@ -128,26 +128,43 @@ def _failure(command: Sequence[str], log_path: Path, reason: str) -> ServerStart
     return ServerStartError(f"the model server `{' '.join(command)}` {reason}; last lines of {log_path}:\n{shown}")
 
 
-def _ready(base_url: str, served_name: str | None) -> bool:
-    root = base_url.rstrip("/").removesuffix("/v1")
+def server_root(base_url: str) -> str:
+    """A server's root URL: ``base_url`` without a trailing ``/v1``."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The bearer header of ``api_key`` (none for a keyless server)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def served_models(base_url: str, *, api_key: str | None = None, timeout: float = 10.0) -> list[str]:
+    """The model names ``GET /v1/models`` lists ([] when the server cannot be reached)."""
     try:
-        if httpx.get(root + "/health", timeout=2.0).status_code != 200:
+        response = httpx.get(server_root(base_url) + "/v1/models", headers=auth_headers(api_key), timeout=timeout)
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return []
+    return [str(item.get("id")) for item in response.json().get("data", [])]
+
+
+def _ready(base_url: str, served_name: str | None, api_key: str | None) -> bool:
+    try:
+        if httpx.get(server_root(base_url) + "/health", timeout=2.0).status_code != 200:
             return False
-        if served_name is None:
-            return True
-        models = httpx.get(root + "/v1/models", timeout=2.0).json().get("data", [])
-    except (httpx.HTTPError, ValueError, AttributeError):
+        return served_name is None or served_name in served_models(base_url, api_key=api_key, timeout=2.0)
+    except (httpx.HTTPError, ValueError, AttributeError):  # not up yet, or not yet answering JSON
         return False
-    return any(isinstance(item, dict) and item.get("id") == served_name for item in models)
 
 
 def start_server(command: Sequence[str], base_url: str, log_path: Path, *, served_name: str | None = None,
-                 model_dir: str | Path | None = None, env: Mapping[str, str] | None = None,
+                 api_key: str | None = None, model_dir: str | Path | None = None, env: Mapping[str, str] | None = None,
                  startup_timeout: float = 600.0) -> ServerProcess:
     """Start ``command``, a server that will listen at ``base_url``, and wait until it serves ``served_name``.
 
     Refused before spawning: a ``model_dir`` that is not a folder, a port already taken. ``env`` is added to this
-    process's environment. The server's stdout and stderr go to ``log_path`` (overwritten).
+    process's environment; ``api_key`` is sent to ``/v1/models`` (a server started with a key answers it only then).
+    The server's stdout and stderr go to ``log_path`` (overwritten).
     """
     command = [str(part) for part in command]
     host, port = host_and_port(base_url)
@@ -168,7 +185,7 @@ def start_server(command: Sequence[str], base_url: str, log_path: Path, *, serve
         if process.poll() is not None:
             _STARTED.pop(id(server), None)
             raise _failure(command, log_path, f"exited with {process.returncode} before serving")
-        if _ready(base_url, served_name):
+        if _ready(base_url, served_name, api_key):
             logger.info("%s ready at %s after %.0f s", served_name or "server", base_url, time.monotonic() - started)
             return server
         time.sleep(0.5)
