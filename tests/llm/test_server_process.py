@@ -1,4 +1,4 @@
-"""``prorag.llm.server_process`` with a server that needs a key: it is ready only once ``/v1/models`` answers with it."""
+"""``prorag.llm.server_process`` and a server that needs a key: ready once ``/v1/models`` answers with it."""
 
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ A local folder is never sent as a ``model`` name: a server answers "model does n
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import logging
@@ -123,9 +122,8 @@ def _stop(base_url: str) -> None:
     logger.info("stopped the server of %s at %s", folder, base_url)
 
 
-@atexit.register
 def stop_launched_servers() -> None:
-    """Stop every server this process started (also at exit)."""
+    """Stop every server this process started (at exit, :func:`prorag.llm.server_process.stop_started_servers` does)."""
     for base_url in list(_LAUNCHED):
         with contextlib.suppress(Exception):
             _stop(base_url)

@@ -43,6 +43,7 @@ from prorag.serving.guard import (
     KEEP_ALIVE_TIMEOUT_S,
     LOOPBACK_HOSTS,
     BadRequestBody,
+    add_connection_options,
     allowed_hosts_for,
     check_content_type,
     parse_json_body,
@@ -432,11 +433,7 @@ def build_parser(extensions: Sequence[ServerExtension] = ()) -> argparse.Argumen
                         help="largest request body (default: %(default)s)")
     parser.add_argument("--body-timeout-s", type=float, default=30.0,
                         help="longest wait for the next chunk of a request body (default: %(default)s)")
-    parser.add_argument("--keep-alive-timeout-s", type=float, default=KEEP_ALIVE_TIMEOUT_S,
-                        help="close a keep-alive connection idle this long after a reply (default: %(default)s)")
-    parser.add_argument("--header-timeout-s", type=float, default=HEADER_TIMEOUT_S,
-                        help="close a connection whose request headers are not complete this long after it opened "
-                             "or after its previous reply (default: %(default)s)")
+    add_connection_options(parser)
     parser.add_argument("--fair-share-queries", type=int, default=32,
                         help="queries of one request searched at a time (default: %(default)s)")
     parser.add_argument("--batch-window-ms", type=float, default=5.0,

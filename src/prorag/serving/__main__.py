@@ -17,7 +17,7 @@ from pathlib import Path
 
 from prorag.redaction import install_log_redaction
 from prorag.serving.app import DEFAULT_HOST
-from prorag.serving.guard import HEADER_TIMEOUT_S, KEEP_ALIVE_TIMEOUT_S
+from prorag.serving.guard import add_connection_options
 
 logger = logging.getLogger("prorag.serving")
 
@@ -52,11 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest request body (default: %(default)s)")
     parser.add_argument("--body-timeout-s", type=float, default=30.0,
                         help="longest wait for the next chunk of a request body (default: %(default)s)")
-    parser.add_argument("--keep-alive-timeout-s", type=float, default=KEEP_ALIVE_TIMEOUT_S,
-                        help="close a keep-alive connection idle this long after a reply (default: %(default)s)")
-    parser.add_argument("--header-timeout-s", type=float, default=HEADER_TIMEOUT_S,
-                        help="close a connection whose request headers are not complete this long after it opened "
-                             "or after its previous reply (default: %(default)s)")
+    add_connection_options(parser)
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice; 1 is often faster on shared CPUs)")
     parser.add_argument("--api-key", default=None,

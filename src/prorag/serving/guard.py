@@ -14,6 +14,7 @@ the browser (DNS rebinding).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import ipaddress
 import json
@@ -237,6 +238,15 @@ def redacted_log_config() -> dict[str, Any]:
     for handler in config.get("handlers", {}).values():
         handler["filters"] = [*handler.get("filters", []), "redact"]
     return config
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """The command-line options of :func:`server_config`'s connection timeouts, shared by both servers."""
+    parser.add_argument("--keep-alive-timeout-s", type=float, default=KEEP_ALIVE_TIMEOUT_S,
+                        help="close a keep-alive connection idle this long after a reply (default: %(default)s)")
+    parser.add_argument("--header-timeout-s", type=float, default=HEADER_TIMEOUT_S,
+                        help="close a connection whose request headers are not complete this long after it opened "
+                             "or after its previous reply (default: %(default)s)")
 
 
 def server_config(app: Any, *, host: str, port: int, log_level: str = "info", access_log: bool = True,
