@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
-from prorag.data import Question, load_questions, select_questions
+from prorag.data import Question, QuestionSelection, load_questions, select_questions
+from prorag.data.selection import question_parts
 from prorag.protocol.hiprag import FEW_SHOT_EXAMPLES
 
 RAW = Path(__file__).resolve().parents[2] / "data" / "01_raw" / "qa"
@@ -55,3 +57,27 @@ def test_the_hiprag_few_shot_examples_are_no_evaluation_question():
     assert FEW_SHOT_EXAMPLES[0][0] in train_texts  # the first example is a MuSiQue train question
     assert not any(question.casefold() in evaluation_texts for question, _ in FEW_SHOT_EXAMPLES)
     assert "Slow Down (Lacy J. Dalton Song)" not in FEW_SHOT_EXAMPLES[0][0]  # the 2Wiki test question is gone
+
+
+def test_each_source_splits_into_a_tuning_first_half_and_a_reporting_second_half():
+    pool = [_question(f"a{i}", "dev", "a") for i in range(5)] + [_question(f"b{i}", "dev", "b") for i in range(2)]
+    assert question_parts(pool) == {**{f"musique/a{i}": "tuning" for i in range(3)},
+                                    "musique/a3": "reporting", "musique/a4": "reporting",
+                                    "musique/b0": "tuning", "musique/b1": "reporting"}
+    reporting = select_questions(pool, max_per_source=1, part="reporting")
+    assert [question.id for question in reporting] == ["a3", "b1"]
+    assert [question.id for question in select_questions(pool, ["a"], part="tuning")] == ["a0", "a1", "a2"]
+    with pytest.raises(ValueError, match="tuning_fraction"):
+        question_parts(pool, 1.0)
+
+
+def test_the_shipped_evaluation_questions_are_none_a_recipe_was_tuned_on():
+    """The embedded default's recipes were chosen watching the first 10 (rollout) and first 5 (compare) questions
+    of each file; the reported ones come from each file's second half."""
+    questions = [question for path in sorted(RAW.glob("*.jsonl")) for question in load_questions(path)]
+    settings = yaml.safe_load((RAW.parents[2] / "conf" / "base" / "parameters_rollout.yml").read_text())["rollout"]
+    selection = QuestionSelection(**settings["questions"])
+    reported = select_questions(questions, selection.sources, max_per_source=selection.max_per_source,
+                                exclude_split_kinds=("train",), part=selection.part)
+    watched = {question.key for question in select_questions(questions, max_per_source=50)}
+    assert len(reported) == 30 and not watched & {question.key for question in reported}

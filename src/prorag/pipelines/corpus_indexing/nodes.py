@@ -27,8 +27,9 @@ def select_index_corpus(passage_records: list[dict[str, Any]], question_records:
     questions = question_records
     if params.max_questions_per_source is not None:
         parsed = [Question.from_dict(record) for record in question_records]
-        chosen = {question.key for question in select_questions(parsed,
-                                                                  max_per_source=params.max_questions_per_source)}
+        parts = ("tuning", "reporting") if params.per_part else ("all",)
+        chosen = {question.key for part in parts
+                  for question in select_questions(parsed, max_per_source=params.max_questions_per_source, part=part)}
         questions = [record for record, question in zip(question_records, parsed, strict=True)
                      if question.key in chosen]
     if params.max_background_passages is None:

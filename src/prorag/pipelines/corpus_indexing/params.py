@@ -65,7 +65,9 @@ class CorpusIndexingParams(StrictModel):
     use_gpu: bool = False
     build_bm25: bool = True
     max_questions_per_source: PositiveInt | None = None
-    """The first N questions of each question file are selected (null: all)."""
+    """The first N questions of each question file are selected (null: all); with ``per_part``, the first N of
+    each part of the file (its tuning and its reporting part: :func:`prorag.data.selection.question_parts`)."""
+    per_part: bool = False
     max_background_passages: int | None = Field(default=None, ge=0)
     """Index every passage the selected questions point at, plus at most this many others (seeded sample)."""
     seed: Seed = 0

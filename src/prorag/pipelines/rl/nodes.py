@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from prorag.data import Question, select_questions, warn_non_train_splits
+from prorag.data.selection import question_parts
 from prorag.pipelines.rl.params import RLParams
 from prorag.retrieval import RetrievalIndex
 from prorag.rewards.base import RewardSettings
@@ -25,6 +26,9 @@ def select_rl_questions(question_records: list[dict[str, Any]], evaluation_recor
     """The training questions; the evaluated questions (``evaluated_questions``: rollout and compare questions; by
     key and by text) are never among them."""
     pool = [Question.from_dict(record) for record in question_records]
+    if params.questions.part != "all":
+        parts = question_parts(pool)
+        pool = [question for question in pool if parts[question.key] == params.questions.part]
     if params.questions.min_metadata:
         pool = [question for question in pool if _meets(question, params.questions.min_metadata)]
     selected = select_questions(pool, params.questions.sources,

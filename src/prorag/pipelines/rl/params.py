@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from prorag.config import StrictModel
+from prorag.data.selection import QuestionPart
 from prorag.specs import PositiveInt, RetrieverSpec
 from prorag.training.config import GRPOSettings
 
@@ -24,6 +25,9 @@ class RLQuestions(StrictModel):
     min_metadata: dict[str, float] = Field(default_factory=dict)
     """Keep only questions whose ``metadata[key]`` is a number ``>= value`` for every entry (a question without
     the field is left out), before ``max_per_source``: ``{s_pop: 10000}`` picks PopQA's popular subjects."""
+    part: QuestionPart = "all"
+    """``tuning``: train only on each source's tuning part, never on a question a table may report
+    (:func:`prorag.data.selection.question_parts`)."""
 
 
 class RLPolicyServer(StrictModel):
