@@ -24,7 +24,7 @@ def select_reasonrag_questions(question_records: list[dict[str, Any]], evaluatio
     evaluated = {question.key for question in evaluated_questions}
     selected = select_questions(map(Question.from_dict, question_records), params.questions.sources,
                                 max_per_source=params.questions.max_per_source, exclude=evaluated_questions,
-                                setting="reasonrag_data.questions.sources")
+                                setting="reasonrag_data.questions.sources", part=params.questions.part)
     check_disjoint([question.key for question in selected], evaluated)
     if not selected:
         raise ValueError("reasonrag_data.questions selects no question (all evaluated, or empty sources)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from prorag.config import StrictModel
+from prorag.data.selection import QuestionPart
 from prorag.specs import JudgeSpec, PolicySpec, PositiveInt, RetrieverSpec
 from prorag.training.mcts import MIN_REWARD_GAP, MCTSConfig
 
@@ -19,6 +20,8 @@ class TrainingQuestionSelection(StrictModel):
 
     sources: list[str] = Field(min_length=1)
     max_per_source: PositiveInt | None = None
+    part: QuestionPart = "all"
+    """``tuning``: only each source's tuning part (:func:`prorag.data.selection.question_parts`)."""
 
 
 class ReasonRAGDataParams(StrictModel):
