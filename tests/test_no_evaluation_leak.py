@@ -40,6 +40,10 @@ PAPER_CASE_STUDIES = (
     "What is the place of birth of the performer of song Slow Down (Lacy J. Dalton Song)?",  # HiPRAG case study
 )
 
+PAPER_CASE_STUDY_NAMES = ("Alexander Carl Otto Westphal", "Kreuzlingen", "Il Coraggio", "Shark Monroe",
+                          "Lacy J. Dalton")
+"""Entities and answers of those case studies: no source or conf file prints them (a docstring neither)."""
+
 
 def _normalize(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9]+", " ", text.lower()).split())
@@ -98,6 +102,15 @@ def test_no_prompt_holds_a_dev_or_test_question(name: str) -> None:
     assert not _leaks(text, evaluation_questions()), f"{name} holds evaluation questions"
     cases = {_normalize(case): f"paper case study: {case}" for case in PAPER_CASE_STUDIES}
     assert not _leaks(text, cases), f"{name} holds a paper's case-study (dev/test) question"
+
+
+def test_no_source_or_conf_file_prints_a_papers_case_study() -> None:
+    files = [path for folder in ("src", "conf") for path in (ROOT / folder).rglob("*")
+             if path.suffix in {".py", ".yml"}]
+    assert len(files) > 100
+    found = {str(path.relative_to(ROOT)): names for path in files
+             if (names := [name for name in PAPER_CASE_STUDY_NAMES if name in path.read_text(encoding="utf-8")])}
+    assert not found, f"these files print a paper's case study: {found}"
 
 
 def _conf_sources(env: str, *keys: str) -> list[str] | None:

@@ -116,7 +116,9 @@ def test_the_multistage_paper_preset_validates_over_the_gpu_env():
     assert (reward.kind, multistage.agent.protocol, multistage.agent.step_budget) == ("multistage", "multistage", 5)
     assert reward.answer_judge.kind == "llm" and reward.stage_switch_step > 0
     assert parsed["policy"].model == "Qwen/Qwen2.5-3B-Instruct"  # conf/gpu kept where the preset is silent
-    assert parsed["reward"].kind == "hiprag" and parsed["rl"].trainer.loss_type != "dapo"  # HiPRAG's untouched
+    hiprag = parsed["rl"].trainer  # HiPRAG's untouched: GRPO's group 5, symmetric clipping, KL
+    assert parsed["reward"].kind == "hiprag" and (hiprag.num_generations, hiprag.epsilon_high, hiprag.beta) == \
+        (5, None, 0.001)
 
 
 def test_the_multistage_preset_runs_a_pipeline_without_an_sft_stage():
@@ -160,6 +162,10 @@ def test_hiprag_at_paper_scale_under_the_gpu_env():
     rl = parsed["rl"]
     assert (rl.init, rl.lora, rl.trainer.max_steps, rl.trainer.save_steps, rl.trainer.num_generations) == \
         ("instruct", False, 400, 50, 5)
+    # Search-R1's verl recipe averages the policy loss over tokens, not per completion (TRL 1.16's `dapo`
+    # normalization), with GRPO's symmetric clipping and KL kept
+    assert (rl.trainer.loss_type, rl.trainer.epsilon, rl.trainer.epsilon_high, rl.trainer.beta) == \
+        ("dapo", 0.2, None, 0.001)
     assert set(rl.questions.sources) == {"nq_train", "hotpotqa_train"}  # HiPRAG's train splits (issue 28)
     assert {method.protocol for method in parsed["rollout"].methods if method.kind == "agent"} >= \
         {"hiprag", "search_r1", "multistage"}

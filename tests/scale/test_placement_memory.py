@@ -12,7 +12,7 @@ from prorag.scale.memory import MemoryPlanError, check_servers, check_trainers
 from prorag.scale.placement import PlacementError, PlacementSpec, check_placement
 from prorag.scale.preflight import preflight, trainer_loads
 
-from .conftest import gpu_parameters, preset_params
+from .conftest import ROOT, gpu_parameters, preset_params
 
 SHIPPED = {"conf/gpu": {}, "conf/gpu + experiments/multistage_gpu.yml": preset_params()}
 
@@ -32,6 +32,36 @@ def test_every_shipped_gpu_config_fits_and_places_every_process(name, eight_gpus
     assert completions % rl["num_generations"] == 0
     expected = {"conf/gpu": 512 * 5, "conf/gpu + experiments/multistage_gpu.yml": 32 * 32}[name]
     assert completions == expected  # the paper's batch per optimizer step
+
+
+PAPER_POLICIES = [("reasonrag_gpu.yml", "train_reasonrag", "Qwen/Qwen2.5-7B-Instruct"),
+                  ("tearag_gpu.yml", "train_tearag", "meta-llama/Meta-Llama-3-8B-Instruct"),
+                  ("tearag_gpu.yml", "train_tearag", "Qwen/Qwen2.5-14B-Instruct")]  # TeaRAG's second policy
+
+
+@pytest.mark.parametrize(("preset", "pipeline", "model"), PAPER_POLICIES)
+def test_the_paper_policy_presets_fit_and_serve_that_policy(preset, pipeline, model, eight_gpus):
+    """ReasonRAG trains Qwen2.5-7B-Instruct, TeaRAG Llama3-8B- and Qwen2.5-14B-Instruct (conf/gpu's shared policy
+    is HiPRAG's 3B): each preset's run passes the memory check and its servers serve the paper's policy."""
+    import yaml
+
+    from prorag.pipeline_registry import register_pipelines
+
+    run = yaml.safe_load((ROOT / "experiments" / preset).read_text())["run"]
+    assert run["pipelines"] == pipeline and pipeline in register_pipelines()
+    params = copy.deepcopy(run["params"])
+    if model != params["policy"]["model"]:
+        params["policy"]["model"] = model
+    parameters = gpu_parameters(params)
+    found = preflight(parameters)
+    assert parameters["policy"]["model"] == model
+    assert found.placement is not None
+    assert found.placement.servers["policy"].model == found.placement.servers["rl_policy"].model == model
+    trained = {estimate.stage for estimate in found.trainers}
+    assert {"dpo"} <= trained if pipeline == "train_reasonrag" else {"tearag_sft", "tearag_ip_dpo"} <= trained
+    assert all(estimate.total < found.placement.gpu_memory_gib for estimate in found.trainers)
+    method = pipeline.removeprefix("train_")
+    assert parameters["methods"][method] == gpu_parameters()["methods"][method]  # its own settings: conf/gpu's
 
 
 def test_mains_conf_gpu_is_refused_naming_the_knob():

@@ -243,12 +243,54 @@ def test_process_evaluation_scores_partial_process_with_figure_14() -> None:
                    progress=False)
 
 
+# The last lines of the paper's own judge replies (ReasonRAG Appendix B), quoted from shared/papers/reasonrag.md.
+FIGURE_8_REPLY = ("While the evidence retrieved is correct and related to Il Coraggio, it is insufficient (Omitted "
+                  "for brevity)\n\nSo the score is 15.")
+FIGURE_10_REPLY = ("Despite these imperfections, the agent correctly disambiguates the films and retrieves accurate "
+                   "information. (Omitted for brevity)\n\nSo the score is **88**.")
+
+
 @pytest.mark.parametrize(("reply", "score"), [
     ("Flawed. So the score is [0.35].", 0.35), ("so the score is 1", 1.0), ("So the score is 0", 0.0),
-    ("So the score is [0.2]. Wait: So the score is [0.4]", 0.4), ("So the score is 10", None),
-    ("So the score is [1.5]", None), ("It is fine.", None), ("", None)])
+    ("So the score is [0.2]. Wait: So the score is [0.4]", 0.4), ("It is fine.", None), ("", None),
+    # Figure 14's own ending with a sentence period, markdown, and the paper's 0-100 replies (Figs. 8 and 10)
+    ("So the score is 0.88.", 0.88), ("So the score is 1.", 1.0), ("So the score is **0.88**.", 0.88),
+    (FIGURE_8_REPLY, 0.15), (FIGURE_10_REPLY, 0.88), ("So the score is 10", 0.10), ("So the score is 100.", 1.0),
+    ("So the score is: 0.7", 0.7), ("The final score is 72%.", 0.72), ("So the score is 8/10.", 0.8),
+    ("So the score is 45 out of 100.", 0.45), ("So the score is `0.3`", 0.3),
+    # garbage stays unknown, never a good score
+    ("So the score is [Score].", None), ("So the score is 150.", None), ("So the score is 100.5", None),
+    ("So the score is -0.9.", None), ("So the score is 1,000.", None), ("So the score is 0.5-0.9.", None),
+    ("So the score is 1.5.3", None), ("So the score is 12/10", None), ("So the score is 0.9/0", None),
+    ("So the score is high.", None)])
 def test_parse_process_score(reply: str, score: float | None) -> None:
     assert reasonrag.parse_process_score(reply) == (None if score is None else pytest.approx(score))
+
+
+class PaperStyleGradingPolicy(GradingPolicy):
+    """Grades as the paper's own judge replies do (Appendix B): 0-100, markdown, a closing period."""
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> list[list[Completion]]:
+        out = super().generate(prompts, params)
+        for prompt, samples in zip(prompts, out, strict=True):
+            if reasonrag.PROCESS_EVALUATION_PROMPT in prompt:
+                answer = prompt.split("Golden answer: ")[1].split("\n")[0]
+                process = prompt.split("Intermediate reasoning process:\n")[1]
+                text = FIGURE_10_REPLY if answer in process else FIGURE_8_REPLY
+                samples[0] = Completion(text=text, token_ids=[1], logprobs=None, finish_reason="stop", stop=None,
+                                        prompt_tokens=1)
+        return out
+
+
+def test_process_evaluation_reads_the_papers_own_replies() -> None:
+    """Eq. 6 with replies as printed in Figs. 8 and 10: every partial process gets its value (0.88 / 0.15), none
+    is left unknown and unvisited."""
+    policy = PaperStyleGradingPolicy()
+    search = MCTSSearch(policy, FakeRetriever(), CONFIG.model_copy(update={"value": "judge"}), progress=False)
+    trees = search.search(questions(2))
+    assert policy.gradings and search.stats["unknown_verdicts"] == 0
+    values = {round(node.value, 6) for tree in trees for node in tree.nodes[1:] if node.stage != "terminal"}
+    assert values == {0.88, 0.15}
 
 
 def test_resume_after_a_kill_skips_finished_questions(tmp_path: Path) -> None:

@@ -129,7 +129,13 @@ PROCESS_EVALUATION_PROMPT: Final = (
 _TAG_RE: Final = re.compile("|".join(re.escape(tag) for tag in PROTOCOL_TAGS))
 
 
-_SCORE_RE: Final = re.compile(r"the\s+score\s+is\s*[:\[(]?\s*([01](?:\.\d+)?|\.\d+)(?![\d.])", re.IGNORECASE)
+# "So the score is s" with s bare, bracketed or in markdown (`[0.88]`, `**88**`), optionally "s%", "s/100" or "s out
+# of 10"; a sentence period may follow. A number that runs on (`1,000`, `1.5.3`) or a range (`0.5-0.7`) is no score.
+_SCORE_RE: Final = re.compile(
+    r"the\s+(?:final\s+)?score\s+is\s*[:=]?\s*[\[(*_\"'`$]*\s*(?P<value>\d+(?:\.\d+)?|\.\d+)"
+    r"(?:\s*(?P<percent>%)|\s*(?:/|out\s+of)\s*(?P<scale>\d+(?:\.\d+)?))?"
+    r"(?!\d|[.,]\d|\s*[-\u2013]\s*\d)",
+    re.IGNORECASE)
 
 
 def process_evaluation_messages(question: str, golden_answers: tuple[str, ...] | list[str],
@@ -143,15 +149,26 @@ def process_evaluation_messages(question: str, golden_answers: tuple[str, ...] |
 
 
 def parse_process_score(reply: str | None) -> float | None:
-    """The score of a Figure 14 reply: the number of its last ``So the score is [s]`` (brackets optional) when it
-    lies in [0, 1]; None (unknown) for a reply without one or with a score outside [0, 1]."""
+    """The score in [0, 1] of a Figure 14 reply's last ``So the score is s``; None (unknown) without one.
+
+    Figure 14 asks for a score in [0, 1], but the paper's own judge replies (Appendix B: "So the score is 15.",
+    "So the score is **88**.") use 0-100, so a bare ``s`` in (1, 100] is read as s/100; ``s%`` and ``s/n`` (``s
+    out of n``) are read as such. Anything else, a negative number, one above 100, or above its own ``n``, is
+    unknown, never a score."""
     if not reply:
         return None
-    matches = _SCORE_RE.findall(reply)
+    matches = list(_SCORE_RE.finditer(reply))
     if not matches:
         return None
-    value = float(matches[-1])
-    return value if 0.0 <= value <= 1.0 else None
+    found = matches[-1]
+    value = float(found["value"])
+    if found["percent"]:
+        scale = 100.0
+    elif found["scale"]:
+        scale = float(found["scale"])
+    else:
+        scale = 1.0 if value <= 1.0 else 100.0
+    return value / scale if scale > 0 and 0.0 <= value <= scale else None
 
 
 class ReasonRAGParseError(ValueError):

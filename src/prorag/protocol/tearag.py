@@ -1,18 +1,20 @@
-"""TeaRAG reasoning-step protocol (paper §4.2, Fig. 4a; case study Table 11).
+"""TeaRAG reasoning-step protocol (paper §4.2, Fig. 4a).
 
 A TeaRAG reasoning step is *key entities → subquery → hybrid retrieval → summary* (§4.2.1–4.2.6); after each
-step the model either starts another step or writes the final answer (§4.2.7). A completion is::
+step the model either starts another step or writes the final answer (§4.2.7). A completion (the first step of
+:data:`EXAMPLE_COMPLETION`, a MuSiQue *train* question; the paper's Table 11 case study is a 2WikiMultihopQA dev
+question and appears nowhere in the code) is::
 
     <step>
-    <entities>Alexander Carl Otto Westphal</entities>
-    <subquery>Who was the father of Alexander Carl Otto Westphal?</subquery>
+    <entities>Greenfield-Central High School</entities>
+    <subquery>In which state is Greenfield-Central High School?</subquery>
     <Reference>
     Doc 1(Title: …) …                 (written by the engine, escaped; KAG/PPR output of the ``kag`` retriever)
     </Reference>
     <summary>…</summary>
     </step>
     <step> … </step>
-    <answer>Kreuzlingen</answer>
+    <answer>3 a.m.</answer>
 
 Deviations from the paper's rendering, both forced by a stop-string engine: the paper writes the fields as
 labelled lines ("Important entity: …", "Subquery: …", "Summary: …", "Final answer: …"); a line end cannot be a

@@ -12,8 +12,9 @@ be read from this machine, so nothing below is checked against it). For a path `
 * eqs. 9–11, memory vectors over the golden evidence ``G = {g_1 … g_m}``:
   ``M^q_j = max_t sim(g_j, q_t)``, ``M^c_j = max_t sim(g_j, c_t)``, ``M^s_j = max_t sim(g_j, o_t)``, where
   ``sim(g, x) = σ(reranker(g, x))`` ∈ [0, 1];
-* eq. 12, knowledge matching normalized by steps *and* evidences (``normalization="steps_and_evidence"``, the
-  default)::
+* eq. 12, knowledge matching. The paper's prose normalizes by the number of steps, ``Σ_j M^x_j / T``
+  (``normalization="steps"``); the default is prorag's reconstruction, normalized by steps *and* evidences
+  (``normalization="steps_and_evidence"``)::
 
       r_x = Σ_{j=1..m} M^x_j / max(T, m)        for x ∈ {q, c, s}
 

@@ -24,7 +24,8 @@ A node is a state ``s = (x, y_<i, stage)`` reached by one action (query / eviden
    ``v(s) = π_θ(· | x, y_1:t, answer, p_eval)``: with ``judge_prompt="process_evaluation"`` (the paper) the
    explorer policy itself reads Figure 14's "Process Evaluation" prompt, the question, the golden answer and the
    partial process (:func:`prorag.protocol.reasonrag.process_evaluation_messages`, greedy) and ``v`` is the score
-   in ``[0, 1]`` its reply ends with (``So the score is s``); with ``judge_prompt="answer_matching"`` (prorag's
+   its reply ends with (``So the score is s``; :func:`prorag.protocol.reasonrag.parse_process_score` reads the
+   paper's own 0–100 replies as s/100); with ``judge_prompt="answer_matching"`` (prorag's
    earlier reading) a :class:`prorag.judges.base.Judge`'s binary ``answer_correct`` on the process so far gives
    ``v ∈ {0, 1}``. An unparsable reply or *unknown* verdict is excluded (no backpropagation), never counted
    correct. A Terminal node's value is exact in both modes: ``F1 · α^depth``.
