@@ -90,3 +90,7 @@ def test_kedro_run_evaluation_keeps_the_trained_policies(project_copy: Path):
     for method in ("direct", "standard_rag", "hiprag_agent", "hiprag_agent_sft", "hiprag_agent_rl"):
         assert f"| {method} " in text, text
     assert "not evaluated: dpo_policy_trajectories (dpo_policy_trajectories has no version yet" in output
+    # the terminal has a line per node, not the catalog's per-dataset lines (info.log keeps them; --verbose too)
+    assert "Completed node" in output or "Running node" in output
+    assert "Loading data from" not in output and "Saving data to" not in output
+    assert "Loading data from trajectories" in (project_copy / "info.log").read_text(encoding="utf-8")
