@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--method", default="hiprag", help="the methods entry (default: %(default)s)")
         command.add_argument("--project", type=Path, default=Path.cwd(), help="the project root (default: .)")
         command.add_argument("--env", default=None, help="Kedro configuration env (default: local)")
+        command.add_argument("--verbose", action="store_true", help="print the INFO log lines too")
     # `serve` forwards its options to `python -m prorag.serving` (`prorag serve --help` lists them).
     commands.add_parser("serve", help="serve a model or a trained adapter with an OpenAI-compatible API",
                         add_help=False)
@@ -80,11 +81,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _use_agent(args: argparse.Namespace) -> int:
+    if not args.verbose:  # faiss logs 9 INFO lines on import about which CPU build it loads
+        logging.getLogger("faiss").setLevel(logging.WARNING)
     from prorag.errors import user_error_message
     from prorag.use_agent import Project, ask, export, render_rollout
 
     try:
-        project = Project(args.project, args.env) if args.command == "ask" or args.adapter is None else None
+        needs_project = args.command == "ask" or args.adapter is None
+        project = Project(args.project, args.env, quiet=not args.verbose) if needs_project else None
         if args.command == "ask":
             print(render_rollout(*ask(args.question, project=project, method=args.method, adapter=args.adapter)))
         else:

@@ -11,6 +11,7 @@ plain transformers folder). Part of the application: it reads the Kedro project'
 
 from __future__ import annotations
 
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,15 +51,19 @@ class TrainedPolicy:
 
 
 class Project:
-    """The Kedro project at ``path`` (configuration env ``env``): its resolved parameters and catalog."""
+    """The Kedro project at ``path`` (configuration env ``env``): its resolved parameters and catalog; ``quiet``:
+    only warnings of the log reach the terminal."""
 
-    def __init__(self, path: Path, env: str | None = None) -> None:
+    def __init__(self, path: Path, env: str | None = None, *, quiet: bool = True) -> None:
         self.path = path.resolve()
         if not (self.path / "conf" / "base").is_dir():
             raise AgentUseError(f"{self.path} is not a prorag project (no conf/base): run from the project root "
                                 "or pass --project")
         bootstrap_project(self.path)
         with KedroSession.create(project_path=self.path, env=env) as session:
+            if quiet:  # the session configured logging (conf/logging.yml: every INFO record on the terminal)
+                for handler in logging.getLogger().handlers:
+                    handler.setLevel(max(handler.level, logging.WARNING))
             context = session.load_context()
             self.params: dict[str, Any] = dict(context.params)
             self.catalog = context.catalog
@@ -156,19 +161,18 @@ def ask(question: str, *, project: Project, method: str = DEFAULT_METHOD, adapte
 
 
 def render_rollout(rollout: Rollout, ran: dict[str, str]) -> str:
-    """The rollout as a reader follows it: what ran, each generated turn, each search with its passages, the answer."""
+    """The rollout as a reader follows it: what ran, what the policy wrote, each search's passages, the answer."""
     lines = [f"{key}: {value}" for key, value in ran.items()]
     lines.append(f"question: {rollout.question}")
-    turn = 0
+    section = None
     for segment in rollout.segments:
         text = segment.text.strip()
         if not text:
             continue
-        if segment.kind == "generated":
-            turn += 1
-            lines.append(f"--- turn {turn} (policy) ---")
-        elif segment.kind == "context":
-            lines.append("--- retrieved ---")
+        kind = "search results" if segment.kind == "context" else "policy"
+        if kind != section:
+            lines.append(f"--- {kind} ---")
+            section = kind
         lines.append(text)
     lines.append("---")
     lines.append(f"answer: {rollout.answer if rollout.answer is not None else '(none)'}")
