@@ -17,7 +17,8 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1] / "src"
 ROOT = "prorag"
-APPLICATION = {"pipelines", "hooks", "pipeline_registry", "settings", "config_loader", "__main__", "cli"}
+APPLICATION = {"pipelines", "hooks", "pipeline_registry", "settings", "config_loader", "__main__", "cli", "console",
+               "use_agent"}
 """Top-level parts of prorag that are the Kedro application, not the library: they may import anything."""
 SHARED_PIPELINE_MODULES = {"prorag.pipelines.tags", "prorag.pipelines.parameter_schemas"}
 

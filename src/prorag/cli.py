@@ -9,6 +9,7 @@ before.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -19,6 +20,24 @@ from prorag.errors import TRACEBACK_ENV, user_error_message
 from prorag.redaction import redact_text
 
 TRACEBACK_HINT = f"(the traceback: add --traceback or set {TRACEBACK_ENV}=1)"
+CATALOG_LOGGER = "kedro.io.data_catalog"
+"""Kedro's catalog logger: a "Loading data from … / Saving data to …" INFO line per dataset and node."""
+
+
+class CatalogChatterFilter(logging.Filter):
+    """Drops the catalog's INFO lines (half of a run's records): the terminal keeps a line per node, info.log all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == CATALOG_LOGGER and record.levelno < logging.WARNING)
+
+
+def quiet_terminal() -> None:
+    """Keep the catalog's load/save lines off the terminal handlers of the root logger (``conf/logging.yml``'s
+    ``rich``); file handlers (``info.log``) keep every record."""
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, logging.FileHandler) and not any(
+                isinstance(existing, CatalogChatterFilter) for existing in handler.filters):
+            handler.addFilter(CatalogChatterFilter())
 
 
 def _traceback_wanted(flag: bool) -> bool:
@@ -26,8 +45,11 @@ def _traceback_wanted(flag: bool) -> bool:
 
 
 @click.pass_context
-def _run(ctx: click.Context, traceback: bool, **kwargs: Any) -> Any:
-    """Kedro's ``run``; expected errors become one line and a hint (``--traceback``: the traceback too)."""
+def _run(ctx: click.Context, traceback: bool, verbose: bool, **kwargs: Any) -> Any:
+    """Kedro's ``run``; expected errors become one line and a hint (``--traceback``: the traceback too); the
+    catalog's load/save lines stay in info.log unless ``--verbose``."""
+    if not verbose:
+        quiet_terminal()
     try:
         return ctx.invoke(kedro_run.callback, **kwargs)
     except Exception as error:
@@ -44,7 +66,9 @@ run = click.Command(
     callback=_run,
     params=[*kedro_run.params,
             click.Option(["--traceback"], is_flag=True, default=False,
-                         help=f"Show the traceback of an expected error (also {TRACEBACK_ENV}=1).")],
+                         help=f"Show the traceback of an expected error (also {TRACEBACK_ENV}=1)."),
+            click.Option(["--verbose"], is_flag=True, default=False,
+                         help="Also print Kedro's per-dataset load/save lines (always in info.log).")],
     help=kedro_run.help,
     short_help=kedro_run.short_help,
 )

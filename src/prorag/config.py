@@ -143,6 +143,8 @@ def _describe(error: ValidationError, namespace: str, schema: type[BaseModel]) -
             if not hint and valid:
                 hint = f" (valid keys of {parent!r}: {', '.join(sorted(valid))})"
             lines.append(f"unknown parameter key {key!r}{hint}")
-        else:
-            lines.append(f"parameter {key!r}: {item['msg']} (got {item.get('input')!r})")
+        else:  # a block's own check (its input is the whole block) names what is wrong: no echo of the block
+            given = item.get("input")
+            lines.append(f"parameter {key!r}: {item['msg']}" + ("" if isinstance(given, Mapping) else
+                                                                   f" (got {given!r})"))
     return "; ".join(lines)

@@ -42,15 +42,35 @@ from prorag.pipelines import (
     tags,
     tearag,
 )
-from prorag.pipelines.rollout.nodes import concat_trajectories
+from prorag.pipelines.rollout.nodes import TRAINED_AGENT_STAGES, gather_trajectories, run_latest_policy_rollouts
 from prorag.pipelines.rollout.pipeline import trained_policy_rollouts
 from prorag.settings import CONFIG_LOADER_ARGS
 
 
-def _concat(*trajectories: str) -> Pipeline:
-    """``evaluation.concat_trajectories``: the named trajectory datasets into ``all_trajectories``."""
-    return Pipeline([Node(concat_trajectories, list(trajectories), "all_trajectories", name="concat_trajectories")],
+def _concat(base: str, *others: str) -> Pipeline:
+    """``evaluation.concat_trajectories``: ``base`` and the ``others`` trajectory sets into ``all_trajectories``
+    (:func:`~prorag.pipelines.rollout.nodes.gather_trajectories`). A set among ``others`` that the run does not
+    make is an optional input: its newest version from a completed run, or named in a warning."""
+    inputs = {"base": base, **{name: name for name in others}}  # the others: its **artifacts
+    return Pipeline([Node(gather_trajectories, inputs, "all_trajectories", name="concat_trajectories")],
                     namespace="evaluation", prefix_datasets_with_namespace=False, tags=[tags.EVALUATION])
+
+
+POLICY_TRAJECTORIES = tuple(f"{stage}_policy_trajectories" for stage in (*TRAINED_AGENT_STAGES, "dpo"))
+"""The trained policies' rollouts on the rollout questions that the evaluation summary shows beside the base
+methods (the trained agent's SFT and RL policies, ReasonRAG's DPO policy)."""
+
+
+def _latest_policy_rollouts() -> Pipeline:
+    """``rollout.run_latest_policy_rollouts``: the trained agent with each stage's newest adapter (optional inputs)
+    on the rollout questions → ``latest_policy_trajectories``."""
+    inputs = {"question_records": "rollout_questions", "index": "retrieval_index", "params": "params:rollout",
+              "policy": "params:policy", "agent": "params:agent",
+              **{f"{stage}_adapter": f"{stage}_adapter" for stage in TRAINED_AGENT_STAGES}}
+    return Pipeline([Node(run_latest_policy_rollouts, inputs, "latest_policy_trajectories",
+                          name="run_latest_policy_rollouts")],
+                    namespace="rollout", prefix_datasets_with_namespace=False,
+                    tags=[tags.ROLLOUT, *tags.TRAINED_AGENT])
 
 
 CONF_SOURCE = "conf"
@@ -124,10 +144,7 @@ def register_pipelines() -> dict[str, Pipeline]:
     for stage, owner in (("reasonrag_data", "reasonrag"), ("dpo", "reasonrag"), ("tearag", "tearag")):
         if owner in methods:
             pipelines[stage] = for_method(owner, methods[owner], pipelines[stage])
-    pipelines["judge"] = pipelines["reward_judging"]
     pipelines["index"] = pipelines["data_preparation"] + pipelines["corpus_indexing"]
-    # evaluate: roll out every configured method on the indexed questions, summarize, judge OSR/USR and rewards
-    pipelines["evaluate"] = pipelines["rollout"] + pipelines["evaluation"] + pipelines["reward_judging"]
     recipes = _Recipes(pipelines)
     for name, method in methods.items():
         pipelines[f"train_{name}"] = for_method(name, method, recipes.build(name, method))
@@ -137,14 +154,24 @@ def register_pipelines() -> dict[str, Pipeline]:
         + recipes.trained_rollouts["sft"] + _concat("trajectories", "sft_policy_trajectories") + recipes.judged)
     # train_rl: GRPO from the latest SFT adapter, then the RL policy evaluated and judged (reward experiments)
     pipelines["train_rl"] = (
-        recipes.evaluated + pipelines["rl"] + recipes.trained_rollouts["rl"]
-        + pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
-                   inputs={"trajectories": "rl_policy_trajectories"}))
+        recipes.evaluated + pipelines["rl"] + recipes.trained_rollouts["rl"] + recipes.judged_with_earlier_rollouts())
     # train_rl_instruct: GRPO from the instruct model with no SFT stage (rl.init: instruct; HiPRAG at paper scale)
     pipelines["train_rl_instruct"] = recipes.rl_from_instruct(evaluate=True)
     # rollout_kag: the rollout with the knowledge graph attached to the index (rollout.retriever.kind: kag / kag_concat)
     pipelines["rollout_kag"] = kg_extraction.attach_pipeline() + pipeline(
         pipelines["rollout"], inputs={"retrieval_index": "kag_retrieval_index"})
+    # run alone, evaluation and judging read the latest trained policies' rollouts beside the base ones, and evaluate
+    # rolls out the newest adapters too: a re-evaluation never drops a trained policy from the summary silently
+    # (the stage pipelines stay as the recipes compose them; reward_judging is the bare stage compare reuses)
+    stages_evaluated = pipeline(pipelines["evaluation"] + pipelines["reward_judging"],
+                                inputs={"trajectories": "all_trajectories"})
+    pipelines["evaluation"] = _concat("trajectories", *POLICY_TRAJECTORIES) + pipeline(
+        pipelines["evaluation"], inputs={"trajectories": "all_trajectories"})
+    pipelines["judge"] = _concat("trajectories", *POLICY_TRAJECTORIES) + pipeline(
+        pipelines["reward_judging"], inputs={"trajectories": "all_trajectories"})
+    pipelines["evaluate"] = (pipelines["rollout"] + _latest_policy_rollouts()
+                             + _concat("trajectories", "latest_policy_trajectories", "dpo_policy_trajectories")
+                             + stages_evaluated)
     pipelines["train"] = pipelines.get(f"train_{DEFAULT_METHOD}", pipelines["train_sft"])
     pipelines["__default__"] = pipelines["train"]
     return pipelines
@@ -209,13 +236,17 @@ class _Recipes:
             return _renamed(built, {"tearag_adapter": adapter})
         raise ValueError(f"methods.{name}.recipe: unknown recipe {recipe!r}")
 
+    def judged_with_earlier_rollouts(self) -> Pipeline:
+        """The RL policy's rollouts evaluated and judged beside the newest base and other trained policies' rollouts
+        on the same questions (optional inputs: a run that trains only the RL policy keeps the other arms)."""
+        others = [name for name in ("trajectories", *POLICY_TRAJECTORIES) if name != "rl_policy_trajectories"]
+        return _concat("rl_policy_trajectories", *others) + self.judged
+
     def rl_from_instruct(self, *, evaluate: bool) -> Pipeline:
         """index → GRPO from ``policy.model`` (no SFT stage) → the RL policy evaluated and judged."""
         built = self.pipelines["index"] + self.evaluated + rl.create_pipeline(from_sft=False)
         if evaluate:
-            built += self.trained_rollouts["rl"] + pipeline(
-                self.pipelines["evaluation"] + self.pipelines["reward_judging"],
-                inputs={"trajectories": "rl_policy_trajectories"})
+            built += self.trained_rollouts["rl"] + self.judged_with_earlier_rollouts()
         return built
 
 

@@ -418,3 +418,5 @@ def test_progress_bar_counts_finished_rollouts_and_names_method_and_policy(scrip
     bar = capsys.readouterr().err
     assert "rollout hiprag_agent_rl [smollm2-135m-instruct+rl_adapter@v2]" in bar
     assert "/2 [" in bar and ("rollout/s" in bar or "s/rollout" in bar)
+    # the finished bar stays on screen and in a tee'd log (issue 46, item 5: leave=False erased it)
+    assert "rollout hiprag_agent_rl [smollm2-135m-instruct+rl_adapter@v2]: 100%" in bar.split("\r")[-1]

@@ -248,6 +248,7 @@ def test_progress_bar_counts_judged_steps_and_names_methods_policy_and_judge(ref
     bar = capsys.readouterr().err
     assert "judging hiprag [smollm2-135m-instruct+sft_adapter@v1; reference judge]" in bar
     assert "/60 [" in bar and "step/s" in bar and "<" in bar  # tqdm: [elapsed<remaining, rate]
+    assert "60/60 [" in bar.split("\r")[-1]  # the finished bar stays (issue 46, item 5)
     assert len(under.verify_calls) > 1
     quiet = detect(many, policy, reference_judge, reference_judge, reask_max_new_tokens=16)
     assert capsys.readouterr().err == ""

@@ -37,6 +37,19 @@ def test_an_unknown_field_fails_with_the_closest_trl_name():
         parse_parameters(DPOParams, {"trainer": {"trainer_args": {"report_too": ["mlflow"]}}}, "dpo")
 
 
+def test_a_trainer_args_error_names_the_key_without_echoing_the_block():
+    """The message is the bad key and the hint (issue 46, item 5), not also pydantic's copy of the whole block."""
+    with pytest.raises(ParameterError) as raised:
+        parse_parameters(RLParams, {"trainer": {"loss_type": "grpo", "trainer_args": {"lr_sheduler_type": "cosine"}}},
+                         "rl")
+    message = str(raised.value)
+    assert message.endswith("unknown TRL GRPOConfig field 'lr_sheduler_type' in rl.trainer.trainer_args; did you "
+                            "mean 'lr_scheduler_type'?"), message
+    assert "(got {" not in message and "loss_type" not in message
+    with pytest.raises(ParameterError, match=r"parameter 'rl.trainer.learning_rate': .* \(got 'fast'\)"):
+        parse_parameters(RLParams, {"trainer": {"learning_rate": "fast"}}, "rl")  # a scalar is still shown
+
+
 def test_a_field_prorag_sets_names_the_parameter_that_sets_it():
     with pytest.raises(ParameterError, match=r"SFTConfig.learning_rate is set by sft.learning_rate"):
         parse_parameters(SftParams, {"trainer_args": {"learning_rate": 1e-3}}, "sft")

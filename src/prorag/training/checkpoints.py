@@ -66,8 +66,12 @@ def train_resumable(trainer: Any, output: str | Path, *, resume: bool) -> Path |
 
 
 def save_adapter(trainer: Any, adapter_dir: str | Path, *, selected_adapters: list[str] | None = None) -> Path:
-    """Save the trained PEFT adapter from the main process (the state dict is gathered on every rank first, as
-    ZeRO-3 / FSDP need), then mark the run folder (the adapter's parent) ``COMPLETED``."""
+    """Save the trained PEFT adapter and its tokenizer from the main process (the state dict is gathered on every
+    rank first, as ZeRO-3 / FSDP need), with its base model recorded by its portable name
+    (:func:`~prorag.llm.registry.make_adapter_portable`), then mark the run folder (the adapter's parent)
+    ``COMPLETED``."""
+    from prorag.llm.registry import make_adapter_portable
+
     adapter = Path(adapter_dir)
     accelerator = trainer.accelerator
     state_dict = accelerator.get_state_dict(trainer.model_wrapped) if accelerator.num_processes > 1 else None
@@ -76,6 +80,9 @@ def save_adapter(trainer: Any, adapter_dir: str | Path, *, selected_adapters: li
         if state_dict is not None:
             options["state_dict"] = state_dict
         accelerator.unwrap_model(trainer.model).save_pretrained(str(adapter), **options)
+        if getattr(trainer, "processing_class", None) is not None:  # plain PEFT loading finds the tokenizer here
+            trainer.processing_class.save_pretrained(str(adapter))
+        make_adapter_portable(adapter)
         (adapter.parent / COMPLETED_MARKER).write_text(json.dumps({"global_step": trainer.state.global_step}))
     accelerator.wait_for_everyone()
     return adapter

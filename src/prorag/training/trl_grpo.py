@@ -47,6 +47,7 @@ from prorag.agent.runner import build_engine
 from prorag.judges.limits import usage_metrics
 from prorag.llm.generation import Generator
 from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
+from prorag.llm.registry import make_adapter_portable
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.rewards.diagnostics import process_shaped_groups
 from prorag.rewards.scoring import Ratio
@@ -436,6 +437,8 @@ def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
     if trainer.accelerator.is_main_process:
         if full_parameters:  # a loadable model folder: the rollouts load it as the model
             trainer.processing_class.save_pretrained(str(adapter))
+        else:  # the adapter records its base by its portable name, not this machine's cache folder
+            make_adapter_portable(adapter)
         (output / COMPLETED_MARKER).write_text(json.dumps({"global_step": trainer.state.global_step}))
     trainer.accelerator.wait_for_everyone()
     logger.info("saved the GRPO LoRA adapter to %s after %d steps", adapter, trainer.state.global_step)

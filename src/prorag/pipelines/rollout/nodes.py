@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Any
 
@@ -11,6 +12,12 @@ from prorag.data import Question, pick_questions
 from prorag.pipelines.rollout.params import RolloutParams
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import MethodSpec, PolicySpec, TrainedAgentSpec
+from prorag.tracking.missing_inputs import Available, Missing
+
+logger = logging.getLogger(__name__)
+
+TRAINED_AGENT_STAGES = ("sft", "rl")
+"""The stages whose ``<stage>_adapter`` the trained agent (the ``agent`` block) is rolled out with."""
 
 
 def select_rollout_questions(question_records: list[dict[str, Any]], params: RolloutParams) -> list[dict[str, Any]]:
@@ -55,6 +62,52 @@ def concat_trajectories(*trajectory_sets: list[dict[str, Any]]) -> list[dict[str
         raise ValueError(f"method name(s) {repeated} occur in more than one trajectory set; rename them "
                          "(rollout.methods vs agent.name with its _sft/_rl suffix)")
     return [record for records in trajectory_sets for record in records]
+
+
+def run_latest_policy_rollouts(question_records: list[dict[str, Any]], index: RetrievalIndex,
+                               params: RolloutParams, policy: PolicySpec, agent: TrainedAgentSpec,
+                               **artifacts: Any) -> list[dict[str, Any]]:
+    """The trained agent rolled out with each ``<stage>_adapter`` of ``artifacts`` that has a usable version (the
+    newest from a completed run, pinned by the run-version hook), as :func:`run_trained_rollouts`; an adapter
+    without one is named in a warning with what makes it, so a re-evaluation never drops a trained policy
+    silently."""
+    records: list[dict[str, Any]] = []
+    for name, artifact in artifacts.items():
+        stage = name.removesuffix("_adapter")
+        if isinstance(artifact, Missing):
+            logger.warning("not evaluated: %s_%s (%s)", agent.name, stage, artifact.reason)
+            continue
+        adapter_dir, version = (artifact.data, artifact.version) if isinstance(artifact, Available) else (artifact, "")
+        logger.info("rolling out %s_%s with %s%s", agent.name, stage, name, f" {version}" if version else "")
+        records.extend(run_trained_rollouts(question_records, index, adapter_dir, params, policy, agent, stage))
+    return records
+
+
+def gather_trajectories(base: list[dict[str, Any]], **artifacts: Any) -> list[dict[str, Any]]:
+    """``base`` (rollouts this run made, or the required base rollouts) and the trajectory sets of ``artifacts``
+    in one table (:func:`concat_trajectories`). A set this run made is data; one read from an earlier run is
+    :class:`Available` (its newest version from a completed run) or :class:`Missing`. A missing set, or one that
+    answers other questions than ``base`` (rolled out on an older selection), is left out with a warning that
+    names it and what to run; the methods evaluated are logged."""
+    keys = {record["question_key"] for record in base}
+    sets = [base]
+    for name, artifact in artifacts.items():
+        if isinstance(artifact, Missing):
+            logger.warning("not evaluated: %s (%s)", name, artifact.reason)
+            continue
+        records, version = (artifact.data, artifact.version) if isinstance(artifact, Available) else (artifact, "")
+        if not records:  # e.g. no adapter to roll out: run_latest_policy_rollouts named it
+            continue
+        other = {record["question_key"] for record in records}
+        if other != keys:
+            logger.warning("not evaluated: %s %s was rolled out on other questions (%d, of which %d are not among the "
+                           "%d evaluated here); roll every policy out on the current questions with `kedro run "
+                           "--pipelines=evaluate`", name, version, len(other), len(other - keys), len(keys))
+            continue
+        sets.append(records)
+    gathered = concat_trajectories(*sets)
+    logger.info("evaluating %s", ", ".join(dict.fromkeys(record["method"] for record in gathered)))
+    return gathered
 
 
 def _run_methods(methods: list[MethodSpec], question_records: list[dict[str, Any]], index: RetrievalIndex,
