@@ -20,7 +20,6 @@ record gets :mod:`prorag.data.jsonl`'s checks (deep nesting, huge integers, lone
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
