@@ -149,8 +149,8 @@ def test_corpus_indexing_streams_with_the_record_size_setting(tmp_path):
 
     path = tmp_path / "c.jsonl"
     path.write_text('{"id": "1", "title": "T", "text": "' + "word " * 400 + '"}\n', encoding="utf-8")
-    params = CorpusIndexingParams.model_validate({"corpus_files": [{"path": str(path)}], "work_dir": str(tmp_path / "w"),
-                                                 "max_record_bytes": 1000, "embedder": "hashing:64",
+    params = CorpusIndexingParams.model_validate({"corpus_files": [{"path": str(path)}], "max_record_bytes": 1000,
+                                                 "work_dir": str(tmp_path / "w"), "embedder": "hashing:64",
                                                  "check_resources": False})
     with pytest.raises(DataFileError, match=r"c\.jsonl:1: a record longer than 1000 bytes"):
         build_index([], params)
