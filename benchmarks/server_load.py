@@ -10,6 +10,12 @@ UTF-8, a ``text/plain`` body, a foreign ``Host``, a 5,000-digit integer in the s
 server (issue 32's setting). Reported per server: valid requests that failed (must be 0), bad requests not answered
 with a 4xx (must be 0), connections the server closed, and the latency p50/p99 of the valid requests.
 
+Heavy clients (``--heavy-clients N``, issue 47): N more clients of ``prorag serve`` each send, over and over while
+the load runs, a request that is within the limits but heavy (``--heavy-body``, default one prompt × ``n`` = 16 ×
+``max_tokens`` = 1,024) and give up after ``--heavy-timeout-s`` (a client that leaves: the server must drop its
+work before the next share, or the other clients' valid requests time out). Their outcomes (answered, abandoned)
+are reported apart; they are not counted as failures.
+
 Head of line (``--head-of-line``): the wait of one small request sent 50 ms after a maximum-size one (retrieval: the
 most queries × the largest ``topk``; ``prorag serve``: 16 prompts × ``n`` = 16, the most sequences a request may
 ask, ``max_request_sequences``), against its latency alone. Output: a table,
@@ -123,6 +129,33 @@ def client_loop(target: Target, requests: int, offset: int) -> None:
                     target.errors.append(bad_detail)
 
 
+@dataclass
+class HeavyOutcome:
+    """What the heavy clients' requests got."""
+
+    answered: int = 0
+    abandoned: int = 0
+    refused: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def heavy_loop(url: str, body: bytes, timeout_s: float, stop: threading.Event, outcome: HeavyOutcome) -> None:
+    """Send ``body`` again and again until ``stop``, leaving each request after ``timeout_s`` (a new connection
+    each time: the abandoned one is closed)."""
+    while not stop.is_set():
+        try:
+            with httpx.Client(timeout=timeout_s) as client:
+                response = client.post(url, content=body, headers=JSON)
+            with outcome.lock:
+                if response.status_code == 200:
+                    outcome.answered += 1
+                else:
+                    outcome.refused.append(f"{response.status_code} {response.text[:120]}")
+        except httpx.TimeoutException:
+            with outcome.lock:
+                outcome.abandoned += 1
+
+
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -173,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-of-line", action="store_true",
                         help="also measure a small request's wait behind a maximum-size one")
     parser.add_argument("--requests", type=int, default=20, help="valid requests per client (each with a bad one)")
+    parser.add_argument("--heavy-clients", type=int, default=0,
+                        help="more prorag serve clients sending a heavy request they abandon (default: none)")
+    parser.add_argument("--heavy-body", default='{"model": "tiny", "prompt": "x", "n": 16, "max_tokens": 1024, '
+                                                '"temperature": 1.0}', help="the heavy request")
+    parser.add_argument("--heavy-timeout-s", type=float, default=10.0,
+                        help="a heavy client leaves its request after this long (default: %(default)s)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "data" / "08_reporting")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
@@ -180,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
 
     generator = TransformersGenerator(BUNDLED_TINY_LLAMA, batch_size=32)
+    heavy_tokens = int(json.loads(args.heavy_body).get("max_tokens", 8)) if args.heavy_clients else 8
     serve_url, stop_serve = serve_in_thread(create_app(generator, "tiny", max_batch_size=32, batch_wait_ms=5,
-                                                       max_tokens_limit=8))
+                                                       max_tokens_limit=max(8, heavy_tokens)))
     retriever = BM25Retriever.build(PassageStore(load_passages(CORPUS)))
     retrieval = BackgroundServer(create_retrieval_app(retriever)).start()
     targets = [
@@ -199,7 +239,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Progress(console=console, transient=True) as progress:
             for target, clients in zip(targets, (args.serve_clients, args.clients), strict=True):
+                heavy = HeavyOutcome()
+                stop_heavy = threading.Event()
+                heavy_threads = [threading.Thread(target=heavy_loop, args=(target.url, args.heavy_body.encode(),
+                                                                           args.heavy_timeout_s, stop_heavy, heavy))
+                                 for _ in range(args.heavy_clients if target is targets[0] else 0)]
+                for thread in heavy_threads:
+                    thread.start()
                 seconds = run_load(target, clients, args.requests, progress)
+                stop_heavy.set()
+                for thread in heavy_threads:
+                    thread.join()
+                if heavy_threads:
+                    figures[f"{target.name}: heavy clients"] = {
+                        "clients": len(heavy_threads), "body": args.heavy_body, "timeout_s": args.heavy_timeout_s,
+                        "answered": heavy.answered, "abandoned": heavy.abandoned, "refused": heavy.refused[:5]}
+                    rows.append(Row(f"{target.name}: heavy clients", f"{len(heavy_threads)} client(s) leaving after "
+                                    f"{args.heavy_timeout_s:g} s", heavy.answered + heavy.abandoned, "requests",
+                                    seconds, note=f"{args.heavy_body}: answered {heavy.answered}, abandoned "
+                                                  f"{heavy.abandoned}, refused {len(heavy.refused)}"))
                 valid = clients * args.requests
                 p50, p99 = quantile(target.latencies, 0.5) * 1000, quantile(target.latencies, 0.99) * 1000
                 figures[target.name] = {
@@ -236,13 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         retrieval.stop()
     write_report(rows, name="server_load", heading="Server load with bad requests mixed in",
                  title=f"{args.serve_clients} (serve) and {args.clients} (retrieval) loopback clients x "
-                       f"{args.requests} valid + {args.requests} bad requests each (2-core CPU)",
+                       f"{args.requests} valid + {args.requests} bad requests each"
+                       + (f", plus {args.heavy_clients} heavy serve client(s)" if args.heavy_clients else "")
+                       + " (2-core CPU)",
                  command=" ".join(["benchmarks/server_load.py", *(argv if argv is not None else sys.argv[1:])]),
                  output_dir=args.output_dir, console=console)
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2), encoding="utf-8")
     failed = any(f.get("valid_failed") or f.get("bad_not_4xx") or f.get("connections_closed_by_server")
-                 or f.get("connections_dropped") for f in figures.values())
+                 or f.get("connections_dropped") or f.get("refused") for f in figures.values())
     for name, figure in figures.items():
         for error in figure.get("errors", []):
             console.print(f"[red]{name}: {error}")

@@ -74,6 +74,88 @@ def test_reader_errors_name_file_and_line(tmp_path, name, text, message):
         list(iter_passage_file(path))
 
 
+DEEP = '{"id": "1", "contents": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
+@pytest.mark.parametrize(("name", "line", "message"), [
+    ("deep.jsonl", DEEP, r"deep.jsonl:2: JSON nested too deeply"),
+    ("surrogate.jsonl", '{"id": "1", "contents": "T\\nbad \\ud800"}',
+     r"surrogate.jsonl:2: field contents: invalid Unicode \(lone surrogate U\+D800"),
+    ("bigint.jsonl", '{"id": ' + "9" * 5000 + ', "contents": "T\\nx"}', r"bigint.jsonl:2: unreadable JSON value"),
+])
+def test_a_bad_record_in_a_streamed_corpus_names_file_and_line(tmp_path, name, line, message):
+    """Issue 47, bug 9: deep nesting was a RecursionError naming nothing, and a lone surrogate was accepted (it
+    failed later, in the passage store, naming no input)."""
+    path = tmp_path / name
+    path.write_text('{"id": "0", "contents": "T\\nfine"}\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(DataFileError, match=message):
+        list(iter_passage_file(path, "flashrag"))
+    with pytest.raises(DataFileError, match=message):
+        index_passage_file(path, "auto")  # what `prebuilt` reads the corpus with
+
+
+@pytest.mark.parametrize("name", ["big.jsonl", "big.tsv"])
+def test_a_streamed_record_over_the_size_cap_is_refused_without_reading_it_whole(tmp_path, name):
+    """Issue 47, bug 9: a 100 MB line was read whole (24 s, 1.1 GB); now the cap (``max_record_bytes``, a
+    setting) stops it with file and line after reading at most the cap."""
+    path = tmp_path / name
+    big = 4 << 20
+    if name.endswith(".tsv"):
+        path.write_bytes(b"id\ttext\ttitle\n1\tsmall\tT\n2\t" + b"x" * big + b"\tT\n")
+    else:
+        path.write_bytes(b'{"id": "1", "title": "T", "text": "small"}\n{"id": "2", "title": "T", "text": "'
+                         + b"x" * big + b'"}\n')
+    read: list[int] = []
+    original = open
+
+    class Spy:  # the largest single read from the file
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __iter__(self):
+            return iter(self.handle)
+
+        def readline(self, size=-1):
+            line = self.handle.readline(size)
+            read.append(len(line))
+            return line
+
+        def __getattr__(self, attribute):
+            return getattr(self.handle, attribute)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            self.handle.close()
+
+    def spying_open(self, *args, **kwargs):
+        return Spy(original(self, *args, **kwargs))
+
+    cap = 1 << 20
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Path, "open", spying_open)
+        line = 3 if name.endswith(".tsv") else 2
+        with pytest.raises(DataFileError, match=rf"{name}:{line}: a record longer than {cap} bytes"):
+            list(iter_passage_file(path, max_record_bytes=cap))
+    assert read and max(read) <= cap + 2
+    assert [p.id for p in PassageFile(str(path), max_record_bytes=big + 64)] == ["1", "2"]  # a larger cap reads it
+
+
+def test_corpus_indexing_streams_with_the_record_size_setting(tmp_path):
+    """The cap is ``corpus_indexing.max_record_bytes``; the node's error names the file and line."""
+    from prorag.pipelines.corpus_indexing.nodes import build_index
+    from prorag.pipelines.corpus_indexing.params import CorpusIndexingParams
+
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": "1", "title": "T", "text": "' + "word " * 400 + '"}\n', encoding="utf-8")
+    params = CorpusIndexingParams.model_validate({"corpus_files": [{"path": str(path)}], "max_record_bytes": 1000,
+                                                 "work_dir": str(tmp_path / "w"), "embedder": "hashing:64",
+                                                 "check_resources": False})
+    with pytest.raises(DataFileError, match=r"c\.jsonl:1: a record longer than 1000 bytes"):
+        build_index([], params)
+
+
 def test_project_schema_still_reads(hotpot_passages, tmp_path):
     path = tmp_path / "own.jsonl"
     path.write_text("".join(json.dumps(p.to_dict()) + "\n" for p in hotpot_passages[:50]), encoding="utf-8")

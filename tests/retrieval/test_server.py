@@ -248,9 +248,8 @@ def test_access_log_hides_a_key_in_the_query_string_and_idle_connections_are_clo
     import logging
     import socket
 
-    app = create_app(Counting(bm25))
-    with BackgroundServer(app, log_level="info", access_log=True, header_timeout_s=1.0,
-                          keep_alive_timeout_s=1.0) as running:
+    app = create_app(Counting(bm25), header_timeout_s=1.0, keep_alive_timeout_s=1.0)
+    with BackgroundServer(app, log_level="info", access_log=True) as running:
         log = io.StringIO()
         for handler in logging.getLogger("uvicorn.access").handlers:
             handler.setStream(log)
@@ -264,3 +263,50 @@ def test_access_log_hides_a_key_in_the_query_string_and_idle_connections_are_clo
             assert time.monotonic() - started < 4
     line = log.getvalue()
     assert "POST /retrieve?api_key=*** HTTP/1.1" in line and "sk-secret" not in line, line
+
+
+FD_LIMITED_SERVER = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from prorag.data.records import Passage
+from prorag.retrieval import BM25Retriever, PassageStore
+from prorag.retrieval.server import start_background_server
+passages = [Passage(f"p{i}", f"T{i}", f"passage number {i} about topic {i % 7}") for i in range(50)]
+server = start_background_server(BM25Retriever.build(PassageStore(passages)))
+print(server.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_400_idle_connections_do_not_lock_clients_out_of_a_server_with_256_descriptors():
+    """Issue 47's weak point, reproduced as the review did (``ulimit -n 256``, 400 idle TCP connections): every new
+    client got ``ConnectionResetError``. The default connection cap (the descriptor limit less 64) makes the
+    longest-idle connection room for a newcomer."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    process = subprocess.Popen([sys.executable, "-c", FD_LIMITED_SERVER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": src})
+    idle: list[socket.socket] = []
+    try:
+        port = int(process.stdout.readline())
+        for _ in range(400):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(1.0)
+        answers = []
+        for _ in range(5):
+            try:
+                answers.append(httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["topic 3"]},
+                                          timeout=5).status_code)
+            except httpx.TransportError as error:
+                answers.append(type(error).__name__)
+        assert answers == [200] * 5, answers
+    finally:
+        for sock in idle:
+            sock.close()
+        process.kill()
+        process.wait(10)

@@ -162,11 +162,17 @@ def _closed_within(sock: socket.socket, seconds: float) -> float | None:
         return time.perf_counter() - started
 
 
-@pytest.fixture
-def timed_server(app):
-    url, stop = serve_in_thread(app, header_timeout_s=1.0, keep_alive_timeout_s=1.0)
+def _address(url: str) -> tuple[str, int]:
     host, port = url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
-    yield host, int(port)
+    return host, int(port)
+
+
+@pytest.fixture
+def timed_server(tiny_generator):
+    """The connection timeouts are create_app arguments (issue 47: "every limit is a setting")."""
+    app = create_app(tiny_generator, "timed", max_tokens_limit=16, header_timeout_s=1.0, keep_alive_timeout_s=1.0)
+    url, stop = serve_in_thread(app)
+    yield _address(url)
     stop()
 
 
@@ -224,3 +230,76 @@ def test_the_access_log_hides_a_key_sent_in_the_query_string(app):
     line = log.getvalue()
     assert "GET /health?api_key=***&access_token=***&x=1 HTTP/1.1" in line and "200" in line, line
     assert "sk-secret" not in line
+
+
+# ------------------------------------------------------------------------------ connection cap, body deadline
+
+
+def _health(address: tuple[str, int], timeout: float = 10.0) -> bytes:
+    with socket.create_connection(address, timeout=timeout) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    return reply
+
+
+def test_idle_connections_at_the_cap_make_room_for_a_new_client(tiny_generator):
+    """Weak point of issue 47: 400 idle connections locked every new client out of a server with 256 descriptors.
+    At ``max_connections`` a new connection closes the longest-idle one; a client with a request under way is never
+    closed, and when every connection has one a newcomer gets 503."""
+    app = create_app(tiny_generator, "capped", max_tokens_limit=16, max_connections=8)
+    url, stop = serve_in_thread(app)
+    address = _address(url)
+    idle = [socket.create_connection(address) for _ in range(20)]
+    try:
+        idle[-1].sendall(b"GET /health HTTP/1.1\r\n")  # half a header: waiting too
+        time.sleep(0.3)
+        for _ in range(3):
+            assert _health(address).startswith(b"HTTP/1.1 200"), "a new client was locked out by idle connections"
+        closed = sum(_closed_within(sock, 0.05) is not None for sock in idle)
+        assert closed >= 20 - 8 + 1, f"only {closed} of 20 idle connections were closed at a cap of 8"
+    finally:
+        for sock in idle:
+            sock.close()
+        stop()
+
+
+def test_a_trickled_body_is_bounded_by_the_body_deadline(tiny_generator):
+    """A body sent one byte every 0.3 s never trips the per-chunk body_timeout_s; body_deadline_s ends it."""
+    app = create_app(tiny_generator, "deadline", max_tokens_limit=16, body_timeout_s=5.0, body_deadline_s=1.5)
+    url, stop = serve_in_thread(app)
+    body = b'{"prompt": "hello", "max_tokens": 2}'
+    started = time.perf_counter()
+    try:
+        with socket.create_connection(_address(url), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                         + f"content-length: {len(body)}\r\n\r\n".encode())
+            reply = b""
+            sock.settimeout(0.3)
+            for byte in body:
+                try:
+                    reply = sock.recv(65536)
+                except TimeoutError:
+                    sock.send(bytes([byte]))
+                    continue
+                break
+    finally:
+        stop()
+    elapsed = time.perf_counter() - started
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert b"body_deadline_s" in reply and elapsed < 4.0, (elapsed, reply[-200:])
+
+
+def test_the_json_limits_are_settings(tiny_generator):
+    app = create_app(tiny_generator, "limits", max_tokens_limit=16, max_json_depth=2, max_int_digits=3)
+    url, stop = serve_in_thread(app)
+    try:
+        deep = httpx.post(url + "/completions", json={"prompt": "a", "max_tokens": 2, "stop": [["x"]]}, timeout=10)
+        big = httpx.post(url + "/completions", json={"prompt": "a", "max_tokens": 2, "seed": 12345}, timeout=10)
+        fine = httpx.post(url + "/completions", json={"prompt": "a", "max_tokens": 2, "seed": 123}, timeout=30)
+    finally:
+        stop()
+    assert deep.status_code == 400 and "max_json_depth" in deep.text, deep.text
+    assert big.status_code == 400 and "limit of 3 digits (max_int_digits)" in big.text, big.text
+    assert fine.status_code == 200, fine.text

@@ -12,20 +12,21 @@ Formats (``PASSAGE_FORMATS``):
   ``prorag``.
 
 Nothing here holds more than one record: :func:`iter_passage_file` yields ``(line, byte_offset, passage)`` so a
-caller can index the file by offset (:mod:`prorag.retrieval.disk_store`) instead of loading it.
+caller can index the file by offset (:mod:`prorag.retrieval.disk_store`) instead of loading it. A line is read
+only up to ``max_record_bytes`` (a longer one is an error naming its file and line, never read whole), and a JSON
+record gets :mod:`prorag.data.jsonl`'s checks (deep nesting, huge integers, lone surrogates) with file and line.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from prorag.data.jsonl import DataFileError
+from prorag.data.jsonl import MAX_RECORD_BYTES, DataFileError, bounded_lines, decode_record
 from prorag.data.records import Passage
 
 PassageFormat = Literal["auto", "prorag", "flashrag", "dpr"]
@@ -38,37 +39,25 @@ def _check_file(path: Path) -> None:
         raise DataFileError(path, "file not found" if not path.exists() else "not a regular file")
 
 
-def detect_format(path: str | os.PathLike[str]) -> str:
+def detect_format(path: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_BYTES) -> str:
     """The concrete format of ``path`` (see the module docstring for the rule)."""
     file_path = Path(path)
     _check_file(file_path)
     if file_path.suffix.lower() == ".tsv":
         return "dpr"
     with file_path.open("rb") as handle:
-        for line_number, raw in enumerate(handle, start=1):
+        for line_number, raw in enumerate(bounded_lines(handle, file_path, max_record_bytes), start=1):
             if raw.strip():
-                record = _json_record(raw, file_path, line_number)
+                record = decode_record(raw, file_path, line_number)
                 return "flashrag" if "contents" in record else "prorag"
     raise DataFileError(file_path, "no passage records: the corpus file is empty")
 
 
-def resolve_format(path: str | os.PathLike[str], fmt: str) -> str:
+def resolve_format(path: str | os.PathLike[str], fmt: str, *, max_record_bytes: int = MAX_RECORD_BYTES) -> str:
     """``fmt`` checked against :data:`PASSAGE_FORMATS`; ``auto`` detected from the file."""
     if fmt not in PASSAGE_FORMATS:
         raise ValueError(f"passage format must be one of {', '.join(PASSAGE_FORMATS)}; got {fmt!r}")
-    return detect_format(path) if fmt == "auto" else fmt
-
-
-def _json_record(raw: bytes, path: Path, line_number: int | None) -> dict[str, Any]:
-    try:
-        record = json.loads(raw)
-    except UnicodeDecodeError as error:
-        raise DataFileError(path, f"not UTF-8 ({error.reason})", line_number) from None
-    except json.JSONDecodeError as error:
-        raise DataFileError(path, f"malformed JSON ({error.msg} at column {error.colno})", line_number) from error
-    if not isinstance(record, dict):
-        raise DataFileError(path, f"expected a JSON object, got {type(record).__name__}", line_number)
-    return record
+    return detect_format(path, max_record_bytes=max_record_bytes) if fmt == "auto" else fmt
 
 
 def flashrag_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -100,7 +89,7 @@ def parse_passage_line(raw: bytes, fmt: str, path: Path, line_number: int | None
                 raise DataFileError(path, f"expected 3 tab-separated fields (id, text, title), got {len(fields)}",
                                     line_number)
             return Passage.from_dict({"id": fields[0], "text": fields[1], "title": fields[2]})
-        record = _json_record(raw, path, line_number)
+        record = decode_record(raw, path, line_number)
         if fmt == "flashrag":
             record = flashrag_record(record)
         return Passage.from_dict(record)
@@ -110,18 +99,20 @@ def parse_passage_line(raw: bytes, fmt: str, path: Path, line_number: int | None
         raise DataFileError(path, f"invalid {fmt} passage record: {error}", line_number) from error
 
 
-def iter_passage_file(path: str | os.PathLike[str], fmt: str = "auto") -> Iterator[tuple[int, int, Passage]]:
+def iter_passage_file(path: str | os.PathLike[str], fmt: str = "auto", *,
+                      max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[int, int, Passage]]:
     """Yield ``(line_number, byte_offset, passage)`` for every record of ``path``, streaming.
 
-    Blank lines are skipped; DPR's header line is checked and skipped. A file without a record is an error.
+    Blank lines are skipped; DPR's header line is checked and skipped. A file without a record, and a line longer
+    than ``max_record_bytes`` (never read whole), are errors naming the file (and line).
     """
     file_path = Path(path)
-    fmt = resolve_format(file_path, fmt)
-    csv.field_size_limit(1 << 30)
+    fmt = resolve_format(file_path, fmt, max_record_bytes=max_record_bytes)
+    csv.field_size_limit(max(max_record_bytes, csv.field_size_limit()))
     count = 0
     offset = 0
     with file_path.open("rb") as handle:
-        for line_number, raw in enumerate(handle, start=1):
+        for line_number, raw in enumerate(bounded_lines(handle, file_path, max_record_bytes), start=1):
             start, offset = offset, offset + len(raw)
             if not raw.strip():
                 continue
@@ -143,13 +134,14 @@ class PassageFile:
 
     path: str
     format: str = "auto"
+    max_record_bytes: int = MAX_RECORD_BYTES
 
     def __post_init__(self) -> None:
         if self.format not in PASSAGE_FORMATS:
             raise ValueError(f"passage format must be one of {', '.join(PASSAGE_FORMATS)}; got {self.format!r}")
 
     def __iter__(self) -> Iterator[Passage]:
-        for _, _, passage in iter_passage_file(self.path, self.format):
+        for _, _, passage in iter_passage_file(self.path, self.format, max_record_bytes=self.max_record_bytes):
             yield passage
 
     def fingerprint(self) -> dict[str, Any]:

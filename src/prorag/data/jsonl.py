@@ -35,38 +35,48 @@ def parse_jsonl_lines(lines: Iterable[bytes] | BinaryIO, path: str | os.PathLike
     """Yield ``(line_number, object)`` for every non-blank line of raw bytes (an open binary file is read line by
     line up to ``max_record_bytes``); a bad record (see the module docstring) raises :class:`DataFileError` naming
     ``path`` and the line (numbered from 1)."""
-    for line_number, raw in enumerate(_bounded(lines, path, max_record_bytes), start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise DataFileError(path, f"not UTF-8: byte 0x{raw[error.start]:02x} at byte {error.start + 1} of the "
-                                      "line (re-save the file as UTF-8)", line_number) from None
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataFileError(path, f"malformed JSON ({error.msg} at column {error.colno})",
-                                line_number) from error
-        except RecursionError:
-            raise DataFileError(path, "JSON nested too deeply", line_number) from None
-        except ValueError as error:  # an integer over the int-string conversion limit
-            raise DataFileError(path, f"unreadable JSON value: {error}", line_number) from None
-        if not isinstance(record, dict):
-            raise DataFileError(path, f"expected a JSON object, got {type(record).__name__}", line_number)
-        problem = _bad_string(record)
-        if problem is not None:
-            raise DataFileError(path, problem, line_number)
-        yield line_number, record
+    for line_number, raw in enumerate(bounded_lines(lines, path, max_record_bytes), start=1):
+        if raw.strip():
+            yield line_number, decode_record(raw, path, line_number)
 
 
-def _bounded(lines: Iterable[bytes] | BinaryIO, path: str | os.PathLike[str], limit: int) -> Iterator[bytes]:
-    """The lines, each at most ``limit`` bytes; a longer one is an error and is not read whole from a file."""
+def decode_record(raw: bytes, path: str | os.PathLike[str], line_number: int | None) -> dict[str, Any]:
+    """One JSONL line as a JSON object; any bad record (see the module docstring) raises :class:`DataFileError`
+    naming ``path`` and ``line_number``."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataFileError(path, f"not UTF-8: byte 0x{raw[error.start]:02x} at byte {error.start + 1} of the "
+                                  "line (re-save the file as UTF-8)", line_number) from None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataFileError(path, f"malformed JSON ({error.msg} at column {error.colno})", line_number) from error
+    except RecursionError:
+        raise DataFileError(path, "JSON nested too deeply", line_number) from None
+    except ValueError as error:  # an integer over the int-string conversion limit
+        raise DataFileError(path, f"unreadable JSON value: {error}", line_number) from None
+    if not isinstance(record, dict):
+        raise DataFileError(path, f"expected a JSON object, got {type(record).__name__}", line_number)
+    problem = _bad_string(record)
+    if problem is not None:
+        raise DataFileError(path, problem, line_number)
+    return record
+
+
+def bounded_lines(lines: Iterable[bytes] | BinaryIO, path: str | os.PathLike[str],
+                  limit: int = MAX_RECORD_BYTES) -> Iterator[bytes]:
+    """The lines (line ends kept), each at most ``limit`` bytes without its line end; a longer one raises
+    :class:`DataFileError` with its line number and, from an open file, is never read whole (at most
+    ``limit + 2`` bytes of it)."""
+    if limit < 1:
+        raise ValueError(f"the record-size limit must be >= 1 byte, got {limit}")
     readline = getattr(lines, "readline", None)
-    source: Iterable[bytes] = iter(lambda: readline(limit + 1), b"") if readline is not None else lines
+    source: Iterable[bytes] = iter(lambda: readline(limit + 2), b"") if readline is not None else lines
     for number, raw in enumerate(source, start=1):
         if len(raw.rstrip(b"\r\n")) > limit:
-            raise DataFileError(path, f"a record longer than {limit} bytes (MAX_RECORD_BYTES)", number)
+            raise DataFileError(path, f"a record longer than {limit} bytes (the record-size limit, "
+                                      "max_record_bytes)", number)
         yield raw
 
 

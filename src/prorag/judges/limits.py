@@ -7,7 +7,11 @@ and cost accounting, a spending budget, and a fail-closed cap on the rate of unk
   second ``kedro run``) shares it too. It works from any thread or event loop: a slot is reserved under the lock
   and the wait happens outside it.
 * :data:`USAGE` adds up, per ``(endpoint, model)``, calls, input and output tokens (from each reply's ``usage``)
-  and their cost at the configured price; :func:`usage_metrics` flattens it for MLflow.
+  and their cost at the configured price, in this process; :func:`usage_metrics` flattens it for MLflow.
+* :class:`JudgeLedger` keeps the same totals in a folder, under a file lock: while a ledger is in use
+  (:func:`use_ledger`; GRPO training uses ``<run folder>/judge_ledger``), every process that names the folder —
+  each rank, on any machine that mounts it, and the same run restarted — adds to one account, the budget is checked
+  against it, :func:`usage_metrics` reports it, and the rate limiters keep their schedules there.
 * :class:`JudgeBudgetExceeded` is raised before a batch once the endpoint's cost reached ``budget_usd``.
 * :class:`UnknownVerdictRateError` is raised when more than ``max_unknown_rate`` of a batch (of at least
   :data:`MIN_ITEMS_FOR_RATE` items) could not be judged: a failed call would otherwise count as "not optimal" and
@@ -17,14 +21,17 @@ and cost accounting, a spending budget, and a fail-closed cap on the rate of unk
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 MIN_ITEMS_FOR_RATE: Final = 20
 """A batch smaller than this never trips the unknown-rate cap (one failure in five is noise, not an outage)."""
@@ -42,22 +49,32 @@ class RateLimiter:
     """Requests spaced to ``requests_per_minute`` (module docstring); ``state_file`` shares the schedule between
     processes."""
 
-    def __init__(self, requests_per_minute: float, *, state_file: str | Path | None = None) -> None:
+    def __init__(self, requests_per_minute: float, *, state_file: str | Path | None = None,
+                 name: str | None = None) -> None:
         if requests_per_minute <= 0:
             raise ValueError(f"requests_per_minute must be > 0, got {requests_per_minute}")
         self.interval = 60.0 / requests_per_minute
         self.burst = max(1.0, requests_per_minute / 60.0)
         self.state_file = Path(state_file) if state_file is not None else None
+        self.name = name or (self.state_file.name if self.state_file is not None else None)
+        """The schedule's file name in a ledger folder (:func:`use_ledger`), which then replaces ``state_file``."""
         self._lock = threading.Lock()
         self._next_free = 0.0
+
+    def _state_path(self) -> Path | None:
+        ledger = active_ledger()
+        if ledger is not None and self.name is not None:
+            return ledger.folder / self.name
+        return self.state_file
 
     def _reserve(self) -> float:
         """Reserve the next slot; the seconds to wait for it."""
         with self._lock:
-            if self.state_file is None:
+            state_file = self._state_path()
+            if state_file is None:
                 return self._advance_local()
-            self.state_file.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.state_file, "a+") as handle:
+            state_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(state_file, "a+") as handle:
                 fcntl.flock(handle, fcntl.LOCK_EX)
                 try:
                     handle.seek(0)
@@ -97,10 +114,9 @@ def shared_limiter(base_url: str, requests_per_minute: float, *, state_dir: str 
     with _LIMITERS_LOCK:
         limiter = _LIMITERS.get(key)
         if limiter is None:
-            state = None
-            if state_dir is not None:
-                state = Path(state_dir) / f"ratelimit-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-            limiter = _LIMITERS[key] = RateLimiter(requests_per_minute, state_file=state)
+            name = f"ratelimit-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+            state = Path(state_dir) / name if state_dir is not None else None
+            limiter = _LIMITERS[key] = RateLimiter(requests_per_minute, state_file=state, name=name)
         elif abs(limiter.interval - 60.0 / requests_per_minute) > 1e-9:
             raise ValueError(f"two judges of {key} declare different requests_per_minute "
                              f"({60.0 / limiter.interval:g} and {requests_per_minute:g}): one limit per endpoint")
@@ -120,39 +136,142 @@ class Usage:
 USAGE: dict[tuple[str, str], Usage] = {}
 _USAGE_LOCK = threading.Lock()
 
+LEDGER_FILE: Final = "judge_ledger.json"
+
+
+class JudgeLedger:
+    """Calls, tokens and cost per ``(endpoint, model)`` in ``folder/judge_ledger.json``, shared by every process
+    that opens the folder: each update reads, adds and atomically replaces the file under an exclusive ``flock`` of
+    ``folder/judge_ledger.lock`` (a crash mid-update leaves the previous total), so concurrent ranks never lose a
+    call and a restarted run goes on from what was spent. The folder also holds the rate limiters' schedules."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LEDGER_FILE
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / "judge_ledger.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _read(self) -> dict[tuple[str, str], Usage]:
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            raise RuntimeError(f"judge ledger {self.path}: unreadable ({error}); the spend it held is unknown, so "
+                               "judging stops rather than overrun the budget (move the file away to start over)"
+                               ) from error
+        return {(entry["endpoint"], entry["model"]): Usage(**{key: entry[key] for key in asdict(Usage())})
+                for entry in raw.get("usage", [])}
+
+    def _write(self, usage: dict[tuple[str, str], Usage]) -> None:
+        entries: list[dict[str, Any]] = [{"endpoint": url, "model": model, **asdict(item)}
+                                         for (url, model), item in sorted(usage.items())]
+        temporary = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        temporary.write_text(json.dumps({"usage": entries}, indent=1), encoding="utf-8")
+        temporary.replace(self.path)
+
+    def add(self, base_url: str, model: str, input_tokens: int, output_tokens: int, cost_usd: float) -> Usage:
+        """Add one reply's usage; the ledger's running total of its endpoint and model."""
+        with self._locked():
+            usage = self._read()
+            item = usage.setdefault((base_url.rstrip("/"), model), Usage())
+            item.calls += 1
+            item.input_tokens += input_tokens
+            item.output_tokens += output_tokens
+            item.cost_usd += cost_usd
+            self._write(usage)
+            return item
+
+    def usage(self) -> dict[tuple[str, str], Usage]:
+        """Every ``(endpoint, model)``'s totals."""
+        with self._locked():
+            return self._read()
+
+
+_LEDGER: JudgeLedger | None = None
+
+
+def active_ledger() -> JudgeLedger | None:
+    """The ledger in use in this process (:func:`use_ledger`), if any."""
+    return _LEDGER
+
+
+@contextlib.contextmanager
+def use_ledger(folder: str | Path | None) -> Iterator[JudgeLedger | None]:
+    """Within the block, judges of this process account to the :class:`JudgeLedger` in ``folder`` (None: the
+    process's own :data:`USAGE`): spend, budget, :func:`usage_metrics` and the rate-limit schedules."""
+    global _LEDGER
+    previous = _LEDGER
+    _LEDGER = JudgeLedger(folder) if folder is not None else None
+    try:
+        yield _LEDGER
+    finally:
+        _LEDGER = previous
+
+
+def _usage_cost(input_tokens: int, output_tokens: int, price_per_million: tuple[float, float] | None) -> float:
+    if price_per_million is None:
+        return 0.0
+    return (input_tokens * price_per_million[0] + output_tokens * price_per_million[1]) / 1e6
+
 
 def record_usage(base_url: str, model: str, input_tokens: int, output_tokens: int,
                  price_per_million: tuple[float, float] | None) -> Usage:
-    """Add one reply's usage to :data:`USAGE`; the running total of its endpoint and model."""
+    """Add one reply's usage to :data:`USAGE` (and to the ledger in use); the running total of its endpoint and
+    model (the ledger's when one is in use)."""
+    cost = _usage_cost(input_tokens, output_tokens, price_per_million)
     with _USAGE_LOCK:
         usage = USAGE.setdefault((base_url.rstrip("/"), model), Usage())
         usage.calls += 1
         usage.input_tokens += input_tokens
         usage.output_tokens += output_tokens
-        if price_per_million is not None:
-            usage.cost_usd += (input_tokens * price_per_million[0] + output_tokens * price_per_million[1]) / 1e6
-        return usage
+        usage.cost_usd += cost
+        usage = Usage(**asdict(usage))
+    ledger = active_ledger()
+    return ledger.add(base_url, model, input_tokens, output_tokens, cost) if ledger is not None else usage
+
+
+def _current_usage() -> dict[tuple[str, str], Usage]:
+    ledger = active_ledger()
+    if ledger is not None:
+        return ledger.usage()
+    with _USAGE_LOCK:
+        return {key: Usage(**asdict(value)) for key, value in USAGE.items()}
 
 
 def endpoint_cost(base_url: str) -> float:
-    """The estimated spend on ``base_url`` so far (every model)."""
+    """The estimated spend on ``base_url`` so far (every model): the ledger's when one is in use (every process and
+    restart that shares it), else this process's."""
     key = base_url.rstrip("/")
+    return sum(usage.cost_usd for (url, _), usage in _current_usage().items() if url == key)
+
+
+def process_cost() -> float:
+    """What this process's judges spent so far (every endpoint), whatever ledger is in use."""
     with _USAGE_LOCK:
-        return sum(usage.cost_usd for (url, _), usage in USAGE.items() if url == key)
+        return sum(usage.cost_usd for usage in USAGE.values())
 
 
 def usage_metrics() -> dict[str, float]:
-    """:data:`USAGE` as flat metrics: ``judge_usage/<model>/{calls,input_tokens,output_tokens,cost_usd}`` and
-    ``judge_usage/cost_usd`` (all judges)."""
+    """The usage as flat metrics: ``judge_usage/<model>/{calls,input_tokens,output_tokens,cost_usd}`` and
+    ``judge_usage/cost_usd`` (all judges); the ledger's totals when one is in use, else this process's."""
     metrics: dict[str, float] = {}
-    with _USAGE_LOCK:
-        for (_, model), usage in sorted(USAGE.items()):
-            name = model.replace(":", "_").replace("/", "_")
-            for field in ("calls", "input_tokens", "output_tokens", "cost_usd"):
-                key = f"judge_usage/{name}/{field}"
-                metrics[key] = metrics.get(key, 0.0) + float(getattr(usage, field))
-        if USAGE:
-            metrics["judge_usage/cost_usd"] = sum(usage.cost_usd for usage in USAGE.values())
+    usage = _current_usage()
+    for (_, model), item in sorted(usage.items()):
+        name = model.replace(":", "_").replace("/", "_")
+        for field in ("calls", "input_tokens", "output_tokens", "cost_usd"):
+            key = f"judge_usage/{name}/{field}"
+            metrics[key] = metrics.get(key, 0.0) + float(getattr(item, field))
+    if usage:
+        metrics["judge_usage/cost_usd"] = sum(item.cost_usd for item in usage.values())
     return metrics
 
 

@@ -16,8 +16,9 @@
 * **limits at scale** (:mod:`prorag.judges.limits`) — ``requests_per_minute``: one rate limiter per endpoint
   shared by every judge of the process (and, through a file lock, by every process of the node); each reply's
   ``usage`` is added up with its cost at ``price_per_million_tokens``; ``budget_usd`` stops judging once the
-  endpoint's spend reaches it; ``max_unknown_rate`` stops the run when a batch has more unknown verdicts than
-  that share (fail closed);
+  endpoint's spend reaches it (the spend of every rank and restart when a ledger is in use: GRPO training keeps
+  one in its run folder, which also carries the rate limit across machines); ``max_unknown_rate`` stops the run
+  when a batch has more unknown verdicts than that share (fail closed);
 * **strict parsing** — an unparsable reply, and a reply that is no chat completion at all (an HTML page from a
   wrong ``base_url`` or a proxy, garbage JSON), is an unknown verdict, counted and logged, never cached: no
   per-item failure raises.
@@ -58,6 +59,7 @@ from prorag.judges.cache import JudgeCache, cache_key
 from prorag.judges.limits import (
     JudgeBudgetExceeded,
     RateLimiter,
+    active_ledger,
     check_unknown_rate,
     endpoint_cost,
     record_usage,
@@ -217,9 +219,13 @@ class LLMJudge:
         return params
 
     async def _judge(self, task: str, conversations: list[Messages], parse: Parser) -> list[Verdict]:
-        if self.budget_usd is not None and endpoint_cost(self.base_url) >= self.budget_usd:
-            raise JudgeBudgetExceeded(f"judge {self.model} at {self.base_url}: the estimated spend "
-                                      f"${endpoint_cost(self.base_url):.2f} reached budget_usd ${self.budget_usd:g}")
+        spent = endpoint_cost(self.base_url) if self.budget_usd is not None else 0.0
+        if self.budget_usd is not None and spent >= self.budget_usd:
+            ledger = active_ledger()
+            raise JudgeBudgetExceeded(f"judge {self.model} at {self.base_url}: the estimated spend ${spent:.2f} "
+                                      f"reached budget_usd ${self.budget_usd:g}"
+                                      + (f" (ledger {ledger.path}, shared by every rank and restart)"
+                                         if ledger is not None else ""))
         params = self._params()
         keys = [cache_key(self.model, messages, params, endpoint=self.base_url) for messages in conversations]
         cached: dict[str, str] = {}

@@ -27,7 +27,7 @@ import numpy as np
 
 from prorag.data.corpus import DuplicatePassageError
 from prorag.data.dumps import iter_passage_file, parse_passage_line, resolve_format
-from prorag.data.jsonl import DataFileError
+from prorag.data.jsonl import MAX_RECORD_BYTES, DataFileError
 from prorag.data.records import Passage
 from prorag.retrieval.corpus import split_passage
 
@@ -102,8 +102,8 @@ class DiskPassageStore(Sequence[Passage]):
         return parse_passage_line(self._raw(row), self.format, self.path, None)
 
     def __iter__(self) -> Iterator[Passage]:
-        for _, _, passage in iter_passage_file(self.path, self.format):
-            yield passage
+        for row in range(len(self)):  # by offset: the records were checked when the file was indexed
+            yield self[row]
 
     def _id_index(self) -> tuple[np.ndarray, np.ndarray]:
         if self._hashes is None or self._rows is None:
@@ -157,12 +157,14 @@ class DiskPassageStore(Sequence[Passage]):
         self.__init__(state["path"], state["format"])  # type: ignore[misc]
 
 
-def index_passage_file(path: str | os.PathLike[str], fmt: str = "auto") -> DiskPassageStore:
-    """Write the offsets and id index of an existing passage file (streaming); rows are its records in order."""
+def index_passage_file(path: str | os.PathLike[str], fmt: str = "auto", *,
+                       max_record_bytes: int = MAX_RECORD_BYTES) -> DiskPassageStore:
+    """Write the offsets and id index of an existing passage file (streaming); rows are its records in order. A
+    record longer than ``max_record_bytes`` is an error naming its file and line."""
     file_path = Path(path)
-    fmt = resolve_format(file_path, fmt)
+    fmt = resolve_format(file_path, fmt, max_record_bytes=max_record_bytes)
     offsets, hashes = array("q"), array("Q")
-    for _, offset, passage in iter_passage_file(file_path, fmt):
+    for _, offset, passage in iter_passage_file(file_path, fmt, max_record_bytes=max_record_bytes):
         offsets.append(offset)
         hashes.append(id_hash(passage.id))
     offsets.append(file_path.stat().st_size)

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import faiss
 
+from prorag.data.jsonl import MAX_RECORD_BYTES
 from prorag.data.records import Passage
 from prorag.retrieval.base import RetrievalError, Retriever
 from prorag.retrieval.bm25 import BM25Retriever
@@ -494,6 +495,7 @@ def import_prebuilt_index(
     passage_prefix: str | None = None,
     build_bm25: bool = False,
     mmap: bool = True,
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> RetrievalIndex:
     """Use a prebuilt FAISS index and its corpus file as they are (Search-R1's ``e5_Flat.index`` + ``wiki-18.jsonl``).
 
@@ -506,7 +508,7 @@ def import_prebuilt_index(
     index_file, corpus_file = Path(faiss_path).resolve(), Path(corpus_path).resolve()
     faiss_index = _read_faiss(index_file, mmap=mmap)
     store = (DiskPassageStore(corpus_file, corpus_format) if sidecar(corpus_file, OFFSETS_SUFFIX).is_file()
-             else index_passage_file(corpus_file, corpus_format))
+             else index_passage_file(corpus_file, corpus_format, max_record_bytes=max_record_bytes))
     if faiss_index.ntotal != len(store):
         raise RetrievalError(f"{index_file} has {faiss_index.ntotal} vectors but {corpus_file} has {len(store)} "
                              "passages: they are not an index and its corpus")

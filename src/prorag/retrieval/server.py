@@ -38,14 +38,20 @@ from prorag.redaction import install_log_redaction
 from prorag.retrieval.base import Hit, Retriever
 from prorag.serving.batching import MicroBatcher
 from prorag.serving.guard import (
+    BODY_DEADLINE_S,
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,
     KEEP_ALIVE_TIMEOUT_S,
     LOOPBACK_HOSTS,
+    MAX_INT_DIGITS,
+    MAX_JSON_DEPTH,
     BadRequestBody,
+    ConnectionLimits,
     add_connection_options,
+    add_request_limit_options,
     allowed_hosts_for,
     check_content_type,
+    check_request_limits,
     parse_json_body,
     restrict_hosts,
     server_config,
@@ -192,6 +198,12 @@ def create_app(
     max_query_chars: int = 4096,
     max_body_bytes: int = 1 << 20,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    body_deadline_s: float = BODY_DEADLINE_S,
+    max_json_depth: int = MAX_JSON_DEPTH,
+    max_int_digits: int = MAX_INT_DIGITS,
+    keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S,
+    header_timeout_s: float = HEADER_TIMEOUT_S,
+    max_connections: int | None = None,
     fair_share_queries: int = 32,
     batch_window_ms: float = 5.0,
     max_batch_queries: int = 512,
@@ -201,11 +213,16 @@ def create_app(
     """The FastAPI app serving ``retriever`` (see the module docstring for the contract and limits);
     ``allowed_hosts`` are the ``Host`` names answered (``None``: any, for a server bound to another interface).
     A request of more than ``fair_share_queries`` queries is searched in shares of that size, so that it cannot
-    hold a small request behind it for its whole duration; the limits are listed in ``docs/serving.md``."""
+    hold a small request behind it for its whole duration; the limits are listed in ``docs/serving.md``. The
+    connection limits (``keep_alive_timeout_s``, ``header_timeout_s``, ``max_connections``) are kept in
+    ``app.state.connection_limits`` and applied by :func:`prorag.serving.guard.server_config`."""
     if not 1 <= default_topk <= max_topk:
         raise ValueError(f"need 1 <= default_topk <= max_topk, got {default_topk} and {max_topk}")
     if max_queries < 1 or fair_share_queries < 1:
         raise ValueError(f"max_queries and fair_share_queries must be >= 1, got {max_queries}, {fair_share_queries}")
+    check_request_limits(max_json_depth=max_json_depth, max_int_digits=max_int_digits, body_timeout_s=body_timeout_s,
+                         body_deadline_s=body_deadline_s)
+    connection_limits = ConnectionLimits(keep_alive_timeout_s, header_timeout_s, max_connections)
     batcher = SearchBatcher(
         retriever, window_s=batch_window_ms / 1000.0, max_batch_queries=max(max_batch_queries, max_queries)
     )
@@ -219,6 +236,7 @@ def create_app(
     restrict_hosts(app, None if allowed_hosts is None else tuple(allowed_hosts))
     app.state.batcher = batcher
     app.state.retriever = retriever
+    app.state.connection_limits = connection_limits
 
     async def read_body(request: Request) -> bytes:
         try:
@@ -226,13 +244,14 @@ def create_app(
         except BadRequestBody as error:
             raise RequestError(error.status, error.message) from None
         try:
-            return await read_guarded_body(request, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
+            return await read_guarded_body(request, max_bytes=max_body_bytes, timeout_s=body_timeout_s,
+                                           deadline_s=body_deadline_s)
         except BadRequestBody as error:
             raise RequestError(error.status, error.message) from None
 
     def parse(body: bytes) -> RetrieveRequest:
         try:
-            raw = parse_json_body(body)
+            raw = parse_json_body(body, max_depth=max_json_depth, max_int_digits=max_int_digits)
         except BadRequestBody as error:
             raise RequestError(error.status, error.message) from None
         if not isinstance(raw, dict):
@@ -305,7 +324,8 @@ def create_app(
 
 
 class BackgroundServer:
-    """Run an app with ``uvicorn.Server`` on a background thread (port 0 = a free port); a context manager."""
+    """Run an app with ``uvicorn.Server`` on a background thread (port 0 = a free port); a context manager. The
+    connection limits are the app's (``create_app``'s arguments)."""
 
     def __init__(
         self,
@@ -315,20 +335,9 @@ class BackgroundServer:
         *,
         log_level: str = "warning",
         access_log: bool = False,
-        keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S,
-        header_timeout_s: float = HEADER_TIMEOUT_S,
     ) -> None:
         self.server = uvicorn.Server(
-            server_config(
-                app,
-                host=host,
-                port=port,
-                log_level=log_level,
-                access_log=access_log,
-                keep_alive_timeout_s=keep_alive_timeout_s,
-                header_timeout_s=header_timeout_s,
-                lifespan="on",
-            )
+            server_config(app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="on")
         )
         self.host = host
         self.port = port
@@ -382,24 +391,14 @@ def serve(
     port: int = DEFAULT_PORT,
     *,
     log_level: str = "info",
-    keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S,
-    header_timeout_s: float = HEADER_TIMEOUT_S,
     **app_options: Any,
 ) -> None:
     """Serve ``retriever`` in the foreground (blocks); loopback only unless ``host`` says otherwise. The access
-    log is redacted (``?api_key=***``); idle connections and unfinished headers are closed after the timeouts."""
+    log is redacted (``?api_key=***``); the connection limits are ``app_options`` of :func:`create_app`."""
     if host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("retrieval server binding %s: reachable from other machines, with no authentication", host)
     app_options.setdefault("allowed_hosts", allowed_hosts_for(host))
-    config = server_config(
-        create_app(retriever, **app_options),
-        host=host,
-        port=port,
-        log_level=log_level,
-        keep_alive_timeout_s=keep_alive_timeout_s,
-        header_timeout_s=header_timeout_s,
-    )
-    uvicorn.Server(config).run()
+    uvicorn.Server(server_config(create_app(retriever, **app_options), host=host, port=port, log_level=log_level)).run()
 
 
 class ServerExtension(Protocol):
@@ -433,6 +432,7 @@ def build_parser(extensions: Sequence[ServerExtension] = ()) -> argparse.Argumen
                         help="largest request body (default: %(default)s)")
     parser.add_argument("--body-timeout-s", type=float, default=30.0,
                         help="longest wait for the next chunk of a request body (default: %(default)s)")
+    add_request_limit_options(parser)
     add_connection_options(parser)
     parser.add_argument("--fair-share-queries", type=int, default=32,
                         help="queries of one request searched at a time (default: %(default)s)")
@@ -486,12 +486,16 @@ def main(argv: Sequence[str] | None = None, extensions: Sequence[ServerExtension
         log_level=args.log_level,
         keep_alive_timeout_s=args.keep_alive_timeout_s,
         header_timeout_s=args.header_timeout_s,
+        max_connections=args.max_connections,
         default_topk=args.default_topk,
         max_topk=args.max_topk,
         max_queries=args.max_queries,
         batch_window_ms=args.batch_window_ms,
         max_body_bytes=args.max_body_bytes,
         body_timeout_s=args.body_timeout_s,
+        body_deadline_s=args.body_deadline_s,
+        max_json_depth=args.max_json_depth,
+        max_int_digits=args.max_int_digits,
         fair_share_queries=args.fair_share_queries,
         info={"index_dir": str(args.index_dir), "retriever": args.retriever, **index.meta.to_dict()},
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from prorag.redaction import install_log_redaction
 from prorag.serving.app import DEFAULT_HOST
-from prorag.serving.guard import add_connection_options
+from prorag.serving.guard import add_connection_options, add_request_limit_options
 
 logger = logging.getLogger("prorag.serving")
 
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest request body (default: %(default)s)")
     parser.add_argument("--body-timeout-s", type=float, default=30.0,
                         help="longest wait for the next chunk of a request body (default: %(default)s)")
+    add_request_limit_options(parser)
     add_connection_options(parser)
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch intra-op threads (default: torch's choice; 1 is often faster on shared CPUs)")
@@ -128,14 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                      api_key=api_key, max_tokens_limit=args.max_tokens_limit,
                      default_max_tokens=args.default_max_tokens, max_n=args.max_n,
                      max_request_sequences=args.max_request_sequences, max_body_bytes=args.max_body_bytes,
-                     body_timeout_s=args.body_timeout_s,
-                     allowed_hosts=allowed_hosts_for(args.host))
+                     body_timeout_s=args.body_timeout_s, body_deadline_s=args.body_deadline_s,
+                     max_json_depth=args.max_json_depth, max_int_digits=args.max_int_digits,
+                     keep_alive_timeout_s=args.keep_alive_timeout_s, header_timeout_s=args.header_timeout_s,
+                     max_connections=args.max_connections, allowed_hosts=allowed_hosts_for(args.host))
     logger.info("serving %s on http://%s:%d/v1%s", served_name, args.host, args.port,
                 " (API key required)" if api_key else "")
-    # server_config: the access log redacted (?api_key=***), and idle connections and unfinished headers closed.
-    uvicorn.Server(server_config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                 keep_alive_timeout_s=args.keep_alive_timeout_s,
-                                 header_timeout_s=args.header_timeout_s)).run()
+    # server_config: the access log redacted (?api_key=***), and the app's connection limits (idle connections and
+    # unfinished headers closed, the connection cap).
+    uvicorn.Server(server_config(app, host=args.host, port=args.port, log_level=args.log_level)).run()
     return 0
 
 

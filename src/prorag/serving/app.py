@@ -61,12 +61,17 @@ from prorag.llm.generation import Completion, Generator, SamplingParams
 from prorag.llm.prefix_cache import GenerationStats
 from prorag.serving.batching import MicroBatcher
 from prorag.serving.guard import (
+    BODY_DEADLINE_S,
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,
     KEEP_ALIVE_TIMEOUT_S,
     LOOPBACK_HOSTS,
+    MAX_INT_DIGITS,
+    MAX_JSON_DEPTH,
     BadRequestBody,
+    ConnectionLimits,
     check_content_type,
+    check_request_limits,
     parse_json_body,
     read_body,
     restrict_hosts,
@@ -310,9 +315,16 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
                api_key: str | None = None, max_tokens_limit: int = 4096, default_max_tokens: int | None = None,
                max_n: int = 16, max_prompts: int = 64, context_window: int | None = None,
                max_request_sequences: int = 256, max_body_bytes: int = 8 << 20,
-               body_timeout_s: float = BODY_TIMEOUT_S,
+               body_timeout_s: float = BODY_TIMEOUT_S, body_deadline_s: float = BODY_DEADLINE_S,
+               max_json_depth: int = MAX_JSON_DEPTH, max_int_digits: int = MAX_INT_DIGITS,
+               keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S, header_timeout_s: float = HEADER_TIMEOUT_S,
+               max_connections: int | None = None,
                allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS) -> FastAPI:
     """The FastAPI app serving ``generator`` as ``model_name`` (see the module docstring for the contract).
+
+    Every limit of ``docs/serving.md`` is an argument here; the connection ones (``keep_alive_timeout_s``,
+    ``header_timeout_s``, ``max_connections``) are kept in ``app.state.connection_limits`` and applied by
+    :func:`prorag.serving.guard.server_config` (:func:`serve_in_thread`, ``prorag serve``).
 
     ``context_window`` bounds prompt + ``max_tokens`` (default: the model's ``max_position_embeddings`` when
     the generator exposes its model). ``default_max_tokens`` applies to requests without ``max_tokens``
@@ -325,6 +337,9 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
         raise ValueError("the served generator needs a tokenizer (to count tokens and template chats)")
     if max_batch_size < 1 or max_n < 1 or max_tokens_limit < 1 or max_prompts < 1:
         raise ValueError("max_batch_size, max_n, max_tokens_limit and max_prompts must be >= 1")
+    check_request_limits(max_json_depth=max_json_depth, max_int_digits=max_int_digits, body_timeout_s=body_timeout_s,
+                         body_deadline_s=body_deadline_s)
+    connection_limits = ConnectionLimits(keep_alive_timeout_s, header_timeout_s, max_connections)
     if default_max_tokens is None:
         default_max_tokens = min(256, max_tokens_limit)
     if not 1 <= default_max_tokens <= max_tokens_limit:
@@ -356,6 +371,7 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
                   openapi_url=None)
     restrict_hosts(app, None if allowed_hosts is None else tuple(allowed_hosts))
     app.state.stats = stats
+    app.state.connection_limits = connection_limits
     app.state.batcher = batcher
     app.state.generator = generator
     app.state.model_name = model_name
@@ -377,12 +393,13 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
         except BadRequestBody as error:
             raise ApiError(error.status, error.message, code="unsupported_media_type") from None
         try:
-            raw = await read_body(request, max_bytes=max_body_bytes, timeout_s=body_timeout_s)
+            raw = await read_body(request, max_bytes=max_body_bytes, timeout_s=body_timeout_s,
+                                  deadline_s=body_deadline_s)
         except BadRequestBody as error:
             raise ApiError(error.status, error.message,
                            code="request_too_large" if error.status == 413 else "request_timeout") from None
         try:
-            body = parse_json_body(raw)
+            body = parse_json_body(raw, max_depth=max_json_depth, max_int_digits=max_int_digits)
         except BadRequestBody as error:
             raise ApiError(error.status, error.message, code="invalid_json") from None
         if not isinstance(body, dict):
@@ -684,19 +701,16 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
 
 
 def serve_in_thread(app: FastAPI, host: str = DEFAULT_HOST, port: int = 0, *, log_level: str = "warning",
-                    timeout: float = 30.0, access_log: bool = False,
-                    keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S,
-                    header_timeout_s: float = HEADER_TIMEOUT_S) -> tuple[str, Callable[[], None]]:
+                    timeout: float = 30.0, access_log: bool = False) -> tuple[str, Callable[[], None]]:
     """Run ``app`` with ``uvicorn.Server`` on a daemon thread; returns ``(base_url, stop)``.
 
     ``port=0`` picks a free port. ``base_url`` ends with ``/v1`` (what ``OpenAI(base_url=…)`` expects);
-    ``stop()`` asks the server to exit and joins the thread (idempotent). The connection timeouts and the redacted
-    logs are those of the command line (:func:`prorag.serving.guard.server_config`).
+    ``stop()`` asks the server to exit and joins the thread (idempotent). The connection limits are the app's
+    (``create_app``'s arguments) and the logs are redacted, as on the command line
+    (:func:`prorag.serving.guard.server_config`).
     """
     server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level, access_log=access_log,
-                                          keep_alive_timeout_s=keep_alive_timeout_s,
-                                          header_timeout_s=header_timeout_s, lifespan="on",
-                                          timeout_graceful_shutdown=5))
+                                          lifespan="on", timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, name=f"prorag-serve-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

@@ -5,8 +5,10 @@ connection: a body that is not ``application/json`` (415), malformed JSON, JSON 
 :data:`MAX_JSON_DEPTH`, an integer longer than :data:`MAX_INT_DIGITS` digits (Python refuses to convert one over
 4,300 digits with a bare ``ValueError``), or a string holding a lone surrogate such as ``"\\ud800"`` (400; such a
 string cannot be encoded, tokenized or echoed back). :func:`read_body` reads a body chunk by chunk and stops at the
-size limit (413) however the body is sent (``Content-Length`` or chunked), and at ``timeout_s`` without a chunk
-(408: a half-sent request does not hold a connection and its buffer forever). The limits are documented in
+size limit (413) however the body is sent (``Content-Length`` or chunked), at ``timeout_s`` without a chunk, and
+at ``deadline_s`` after its first byte was awaited however it trickles (408: a half-sent request does not hold a
+connection and its buffer forever). Every limit is a setting: a ``create_app`` argument of each server and a
+command-line option (:func:`add_request_limit_options`, :func:`add_connection_options`); they are documented in
 ``docs/serving.md``. A server bound to a loopback address answers only requests whose ``Host`` is a
 loopback name (Starlette's ``TrustedHostMiddleware``), so a web page cannot drive an unkeyed local server through
 the browser (DNS rebinding).
@@ -18,6 +20,8 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import resource
+from dataclasses import dataclass
 from typing import Any, Final
 
 from fastapi import FastAPI, Request
@@ -32,6 +36,9 @@ MAX_INT_DIGITS: Final = 20
 OpenAI API take no wider integer)."""
 BODY_TIMEOUT_S: Final = 30.0
 """Default longest wait for the next chunk of a request body (nginx's ``client_body_timeout`` is 60 s)."""
+BODY_DEADLINE_S: Final = 60.0
+"""Default longest time to receive a whole request body, however it trickles (a body sent one byte every few
+seconds never trips the per-chunk timeout; 8 MiB in 60 s is 140 KB/s)."""
 
 
 class _LongInt:
@@ -76,23 +83,32 @@ def check_content_type(content_type: str | None) -> None:
         raise BadRequestBody(415, f"Content-Type must be application/json, got {media_type or 'none'!r}")
 
 
-async def read_body(request: Request, *, max_bytes: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+async def read_body(request: Request, *, max_bytes: int, timeout_s: float = BODY_TIMEOUT_S,
+                    deadline_s: float = BODY_DEADLINE_S) -> bytes:
     """The request body, read chunk by chunk: :class:`BadRequestBody` 413 as soon as it (declared or received)
     exceeds ``max_bytes`` — a chunked body is never buffered past the limit — and 408 when no chunk arrives for
-    ``timeout_s`` seconds."""
+    ``timeout_s`` seconds or the whole body has not arrived ``deadline_s`` seconds after reading began."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise BadRequestBody(413, f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes "
                                   "(max_body_bytes)")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
     chunks: list[bytes] = []
     received = 0
     stream = request.stream().__aiter__()
     while True:
+        left = deadline - loop.time()
         try:
-            chunk = await asyncio.wait_for(stream.__anext__(), timeout_s)
+            if left <= 0:
+                raise TimeoutError
+            chunk = await asyncio.wait_for(stream.__anext__(), min(timeout_s, left))
         except StopAsyncIteration:
             break
         except TimeoutError:
+            if deadline - loop.time() <= 0:
+                raise BadRequestBody(408, f"request body not complete within {deadline_s:g} s "
+                                          f"(body_deadline_s; {received} bytes received)") from None
             raise BadRequestBody(408, f"request body not received within {timeout_s:g} s of its last chunk "
                                       "(body_timeout_s)") from None
         received += len(chunk)
@@ -114,7 +130,7 @@ def parse_json_body(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH, max_int_digi
     try:
         value = json.loads(raw, parse_int=parse_int)
     except RecursionError:
-        raise BadRequestBody(400, f"JSON nested too deeply (more than {max_depth} levels)") from None
+        raise BadRequestBody(400, f"JSON nested too deeply (more than {max_depth} levels, max_json_depth)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise BadRequestBody(400, f"malformed JSON body: {error}") from None
     _check_tree(value, max_depth, max_int_digits)
@@ -130,10 +146,11 @@ def _check_tree(value: Any, max_depth: int, max_int_digits: int = MAX_INT_DIGITS
             _check_text(item, where)
         elif isinstance(item, _LongInt):
             raise BadRequestBody(400, f"{where[:200]}: an integer of {item.digits} digits exceeds the limit of "
-                                      f"{max_int_digits} digits")
+                                      f"{max_int_digits} digits (max_int_digits)")
         elif isinstance(item, dict | list):
             if depth >= max_depth:
-                raise BadRequestBody(400, f"JSON nested too deeply (more than {max_depth} levels) at {where}")
+                raise BadRequestBody(400, f"JSON nested too deeply (more than {max_depth} levels, max_json_depth) "
+                                          f"at {where}")
             if isinstance(item, dict):
                 for key, child in item.items():
                     _check_text(key, f"{where} key")
@@ -163,23 +180,66 @@ HEADER_TIMEOUT_S: Final = 30.0
 """Default longest time from a connection's opening (or its previous reply) to the end of the next request's
 headers: a connection that sends nothing, or half a header, is closed after it (nginx's ``client_header_timeout``
 is 60 s). uvicorn has no such timeout: its keep-alive timer starts only after a reply and stops at the first byte."""
+RESERVED_FDS: Final = 64
+"""File descriptors kept free for the server's own files when ``max_connections`` defaults to the process's limit."""
 
 
-def timed_http_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP/1.1 protocol class (httptools when installed, else h11) with a header timeout: the connection
-    is closed when a request's headers are not complete ``header_timeout_s`` after the connection opened or the
-    previous reply ended. Pass the class as ``uvicorn.Config(http=…)``."""
+def default_max_connections() -> int:
+    """The connection cap when none is set: the soft ``RLIMIT_NOFILE`` less :data:`RESERVED_FDS` (at least 16), so
+    connections can never take the last descriptors (``accept`` would then fail for every new client)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(16, soft - RESERVED_FDS)
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The connection settings of a server, given to its ``create_app`` and applied by :func:`server_config`."""
+
+    keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    max_connections: int | None = None
+    """Open connections at most; at the cap a new one closes the longest-waiting connection that has no request
+    under way (idle keep-alive, or headers unfinished), or is refused with 503 when every one has (None:
+    :func:`default_max_connections`)."""
+
+    def __post_init__(self) -> None:
+        if not self.keep_alive_timeout_s > 0:
+            raise ValueError(f"keep_alive_timeout_s must be > 0, got {self.keep_alive_timeout_s}")
+        if not self.header_timeout_s > 0:
+            raise ValueError(f"header_timeout_s must be > 0, got {self.header_timeout_s}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+
+
+_BUSY_BODY: Final = b'{"detail": "too many connections, each with a request under way; retry later"}'
+_BUSY_REPLY: Final = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                      + f"content-length: {len(_BUSY_BODY)}\r\n\r\n".encode() + _BUSY_BODY)
+
+
+def timed_http_protocol(header_timeout_s: float, max_connections: int | None = None) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP/1.1 protocol class (httptools when installed, else h11) with a header timeout and a connection
+    cap. The connection is closed when a request's headers are not complete ``header_timeout_s`` after the
+    connection opened or the previous reply ended. With more than ``max_connections`` open, a new connection closes
+    the one waiting longest for its next request's headers (as nginx reuses idle keep-alive connections when it
+    runs out), so idle or half-header connections cannot lock clients out; when every other connection has a
+    request under way the new one gets 503. Pass the class as ``uvicorn.Config(http=…)``."""
     if not header_timeout_s > 0:
         raise ValueError(f"header_timeout_s must be > 0, got {header_timeout_s}")
+    if max_connections is not None and max_connections < 1:
+        raise ValueError(f"max_connections must be >= 1, got {max_connections}")
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     base: Any = AutoHTTPProtocol
 
     class HeaderTimeoutProtocol(base):  # type: ignore[misc, valid-type]
         _header_timer: asyncio.TimerHandle | None = None
+        _waiting_since = 0.0
 
         def _arm_header_timer(self) -> None:
             self._disarm_header_timer()
+            self._waiting_since = self.loop.time()
             self._header_timer = self.loop.call_later(header_timeout_s, self._header_timeout)
 
         def _disarm_header_timer(self) -> None:
@@ -196,9 +256,25 @@ def timed_http_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
         def _headers_done(self) -> None:
             self._disarm_header_timer()
 
+        def _make_room(self) -> None:
+            """Over the cap: close the longest-waiting connection without a request under way, else refuse this
+            one."""
+            waiting = [connection for connection in self.connections
+                       if connection is not self and getattr(connection, "_header_timer", None) is not None
+                       and not connection.transport.is_closing()]
+            if waiting:
+                min(waiting, key=lambda connection: connection._waiting_since).transport.close()
+            else:
+                self._disarm_header_timer()
+                self.transport.write(_BUSY_REPLY)
+                self.transport.close()
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm_header_timer()
+            open_connections = sum(not connection.transport.is_closing() for connection in self.connections)
+            if max_connections is not None and open_connections > max_connections:
+                self._make_room()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()
@@ -241,23 +317,47 @@ def redacted_log_config() -> dict[str, Any]:
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
-    """The command-line options of :func:`server_config`'s connection timeouts, shared by both servers."""
+    """The command-line options of :class:`ConnectionLimits`, shared by both servers."""
     parser.add_argument("--keep-alive-timeout-s", type=float, default=KEEP_ALIVE_TIMEOUT_S,
                         help="close a keep-alive connection idle this long after a reply (default: %(default)s)")
     parser.add_argument("--header-timeout-s", type=float, default=HEADER_TIMEOUT_S,
                         help="close a connection whose request headers are not complete this long after it opened "
                              "or after its previous reply (default: %(default)s)")
+    parser.add_argument("--max-connections", type=int, default=None,
+                        help="open connections at most; at the cap a new one closes the longest-idle one (default: "
+                             f"the open-file limit less {RESERVED_FDS})")
+
+
+def add_request_limit_options(parser: argparse.ArgumentParser) -> None:
+    """The command-line options of the JSON and body-deadline limits both servers share (``create_app``'s
+    ``max_json_depth``, ``max_int_digits``, ``body_deadline_s``)."""
+    parser.add_argument("--max-json-depth", type=int, default=MAX_JSON_DEPTH,
+                        help="deepest nesting of a request body (default: %(default)s)")
+    parser.add_argument("--max-int-digits", type=int, default=MAX_INT_DIGITS,
+                        help="longest integer in a request body, in digits (default: %(default)s)")
+    parser.add_argument("--body-deadline-s", type=float, default=BODY_DEADLINE_S,
+                        help="longest time to receive a whole request body (default: %(default)s)")
+
+
+def check_request_limits(*, max_json_depth: int, max_int_digits: int, body_timeout_s: float,
+                         body_deadline_s: float) -> None:
+    """Refuse request limits no request could meet (``ValueError`` naming the setting)."""
+    if max_json_depth < 1 or max_int_digits < 1:
+        raise ValueError(f"max_json_depth and max_int_digits must be >= 1, got {max_json_depth}, {max_int_digits}")
+    if not body_timeout_s > 0 or not body_deadline_s > 0:
+        raise ValueError(f"body_timeout_s and body_deadline_s must be > 0, got {body_timeout_s}, {body_deadline_s}")
 
 
 def server_config(app: Any, *, host: str, port: int, log_level: str = "info", access_log: bool = True,
-                  keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S, header_timeout_s: float = HEADER_TIMEOUT_S,
                   **options: Any) -> Any:
-    """The ``uvicorn.Config`` both servers run with: redacted logs (:func:`redacted_log_config`), the keep-alive
-    timeout and the header timeout (:func:`timed_http_protocol`)."""
+    """The ``uvicorn.Config`` both servers run with: redacted logs (:func:`redacted_log_config`) and the app's
+    :class:`ConnectionLimits` (``app.state.connection_limits``, set by each server's ``create_app``; defaults for
+    another ASGI app): the keep-alive timeout, the header timeout and the connection cap
+    (:func:`timed_http_protocol`)."""
     import uvicorn
 
-    if not keep_alive_timeout_s > 0:
-        raise ValueError(f"keep_alive_timeout_s must be > 0, got {keep_alive_timeout_s}")
+    limits = getattr(getattr(app, "state", None), "connection_limits", None) or ConnectionLimits()
+    cap = limits.max_connections if limits.max_connections is not None else default_max_connections()
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
-                          log_config=redacted_log_config(), timeout_keep_alive=keep_alive_timeout_s,  # type: ignore[arg-type]
-                          http=timed_http_protocol(header_timeout_s), **options)
+                          log_config=redacted_log_config(), timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type]
+                          http=timed_http_protocol(limits.header_timeout_s, cap), **options)

@@ -12,7 +12,9 @@ so ``mlflow.pyfunc.load_model("models:/prorag-sft_adapter/1")`` works wherever p
 
 The model is logged from code (:mod:`prorag.tracking.adapter_model_code`, no pickle). Loading needs prorag
 importable and the base model resolvable there: a bundled spec, a Hugging Face name in the local cache (or
-``PRORAG_ALLOW_DOWNLOAD=1``), or a local folder.
+``PRORAG_ALLOW_DOWNLOAD=1``), or a local folder. Loading executes the code file stored in the model's artifacts
+(as any MLflow model logged from code does): load only models from an artifact store whose writers are trusted
+(``docs/tracking.md``).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from trl.import_utils import is_vllm_available
 from trl.models.utils import unwrap_model_for_generation
 
 from prorag.agent.runner import build_engine
-from prorag.judges.limits import usage_metrics
+from prorag.judges.limits import process_cost, usage_metrics, use_ledger
 from prorag.llm.generation import Generator
 from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
 from prorag.llm.registry import make_adapter_portable
@@ -68,6 +68,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 COMPLETED_MARKER: Final = "COMPLETED"
+JUDGE_LEDGER: Final = "judge_ledger"
+"""The run folder's judge ledger (:class:`prorag.judges.limits.JudgeLedger`): one judge budget, usage and rate limit
+for every rank and every restart of the run."""
 """Written into the output folder when training finished: its checkpoints are then not resumed."""
 REWARD_FIELD_PREFIX: Final = "reward_"
 STAT_PREFIX: Final = "agent/"
@@ -144,6 +147,7 @@ class AgentRolloutFunction:
         questions = [self._question(prompt) for prompt in prompts]
         step = int(trainer.state.global_step)
         seed = self.seed + 1_000_003 * step + 7_919 * trainer.accelerator.process_index
+        spent_before = process_cost()
         with self._policy(trainer) as generator:
             engine = build_engine(self.agent, generator, self.retriever, top_k=self.top_k, logprobs=True,
                                   sampling=self.sampling.model_copy(update={"seed": seed}), progress=False)
@@ -161,8 +165,11 @@ class AgentRolloutFunction:
             trainer.record_rollout_stats({**scored.stats, **({"process_shaped": shaped} if shaped else {})})
             for name, value in self.last_refill.items():
                 trainer.log_metric(name, value)
-            for name, value in usage_metrics().items():  # the judges' calls, tokens and cost so far
+            usage = usage_metrics()  # the judges' calls, tokens and cost so far: every rank's and restart's
+            for name, value in usage.items():
                 trainer.log_metric(name, value)
+            if usage:
+                trainer.record_judge_step_cost(process_cost() - spent_before)
         self.last_rollouts = rollouts
         completions = [_completion_arrays(rollout) for rollout in rollouts]
         return {
@@ -301,6 +308,13 @@ class AgentGRPOTrainer(GRPOTrainerHooks):
             if denominator > 0:
                 self.log_metric(STAT_PREFIX + name, numerator / denominator)
 
+    def record_judge_step_cost(self, local_usd: float) -> None:
+        """Log ``judge_usage/step_cost_usd``: what every process's judges spent on this step (summed over
+        processes)."""
+        local = torch.tensor([local_usd], dtype=torch.float64, device=self.accelerator.device)
+        total = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 else local
+        self.log_metric("judge_usage/step_cost_usd", float(total.item()))
+
     def after_scoring(self, output: dict[str, Any]) -> None:
         if self.drop_uniform_groups and self.model.training:
             self._drop_uniform_groups(output)
@@ -413,7 +427,9 @@ def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
 
     Checkpoints go to ``output_dir / "checkpoints"`` every ``save_steps``. With ``settings.resume``, an unfinished
     run in the same ``output_dir`` continues from its last checkpoint (the step count, optimizer, scheduler and RNG
-    states go on); a finished one is started afresh. Returns the adapter folder and ``log_history``.
+    states go on); a finished one is started afresh. The LLM judges account to ``output_dir / "judge_ledger"``
+    (:data:`JUDGE_LEDGER`): their budget, usage and rate limit span every rank and restart of the run, and are reset
+    only when a finished run is started afresh. Returns the adapter folder and ``log_history``.
     """
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -425,13 +441,15 @@ def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
         if (output / COMPLETED_MARKER).exists():
             logger.info("%s holds a finished run: starting afresh", output)
             shutil.rmtree(checkpoints, ignore_errors=True)
+            shutil.rmtree(output / JUDGE_LEDGER, ignore_errors=True)  # a new run, a new judge budget
             (output / COMPLETED_MARKER).unlink()
         checkpoints.mkdir(parents=True, exist_ok=True)
     trainer.accelerator.wait_for_everyone()
     last = get_last_checkpoint(str(checkpoints)) if settings.resume else None
     if last is not None:
         logger.info("resuming GRPO from %s", last)
-    trainer.train(resume_from_checkpoint=last)
+    with use_ledger(output / JUDGE_LEDGER):  # one judge budget and rate limit for every rank and restart
+        trainer.train(resume_from_checkpoint=last)
     adapter = output / "adapter"
     trainer.save_model(str(adapter))  # the adapter only (PEFT) or the full model, gathered under ZeRO-3
     if trainer.accelerator.is_main_process:

@@ -53,12 +53,12 @@ def build_index(passage_records: list[dict[str, Any]], params: CorpusIndexingPar
         return import_prebuilt_index(params.prebuilt.faiss_index, params.prebuilt.corpus,
                                      corpus_format=params.prebuilt.format, embedder_spec=params.embedder,
                                      query_prefix=params.query_prefix, passage_prefix=params.passage_prefix,
-                                     build_bm25=params.build_bm25)
+                                     build_bm25=params.build_bm25, max_record_bytes=params.max_record_bytes)
     if params.work_dir is None:
         return build_retrieval_index((Passage.from_dict(record) for record in passage_records), params.embedder,
                                      params.index_type, **params.model_dump(include=INDEX_OPTIONS))
     if params.corpus_files is not None:
-        files = [PassageFile(item.path, item.format) for item in params.corpus_files]
+        files = [PassageFile(item.path, item.format, params.max_record_bytes) for item in params.corpus_files]
         source: dict[str, Any] = {"files": [item.fingerprint() for item in files]}
         passages: Iterator[tuple[str, Passage]] = _stream_files(files)
     else:
@@ -71,7 +71,7 @@ def build_index(passage_records: list[dict[str, Any]], params: CorpusIndexingPar
 
 def _stream_files(files: list[PassageFile]) -> Iterator[tuple[str, Passage]]:
     for item in files:
-        for line, _, passage in iter_passage_file(item.path, item.format):
+        for line, _, passage in iter_passage_file(item.path, item.format, max_record_bytes=item.max_record_bytes):
             yield f"{item.path}:{line}", passage
 
 

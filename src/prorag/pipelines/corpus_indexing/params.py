@@ -8,6 +8,7 @@ from typing import Final, Literal
 from pydantic import Field, model_validator
 
 from prorag.config import StrictModel
+from prorag.data.jsonl import MAX_RECORD_BYTES
 from prorag.retrieval.embedder import BUNDLED_MINILM
 from prorag.specs import PositiveInt, RetrieverKind, Seed
 
@@ -88,6 +89,9 @@ class CorpusIndexingParams(StrictModel):
     ef_construction: PositiveInt = 40
     ef_search: PositiveInt = 64
     check_resources: bool = True
+    max_record_bytes: PositiveInt = MAX_RECORD_BYTES
+    """Longest record (line) read from corpus_files or prebuilt.corpus: a longer one fails with its file and line,
+    without being read whole (default 64 MiB, as every JSONL file the pipelines read)."""
 
     @model_validator(mode="after")
     def _scale_settings(self) -> CorpusIndexingParams:
