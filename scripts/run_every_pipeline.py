@@ -8,7 +8,7 @@ every-pipeline``, run in CI after ``make test``).
 The copy holds the git-tracked files only (a fresh clone's working tree: no data/ outputs, no mlflow.db). The
 pipelines are the project's registry (``kedro registry list``), so a new pipeline is run without editing this
 script; a pipeline with the same nodes as one listed before it (``train`` and ``__default__`` are
-``train_hiprag``, ``judge`` is ``reward_judging``) is reported as that one's alias instead of being run twice. The
+``train_hiprag``) is reported as that one's alias instead of being run twice. The
 order comes from the pipelines' free inputs and outputs: a pipeline that needs a dataset another pipeline writes
 (``rollout`` needs the ``retrieval_index`` that ``index`` writes; ``compare`` each method's adapter) runs after a
 pipeline that writes it, in an order whose runs pass the run manifests' lineage check (:func:`run_order`). Each

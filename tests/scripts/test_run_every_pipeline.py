@@ -110,7 +110,8 @@ def test_every_registered_pipeline_is_run_once_or_named_as_the_alias_of_one_that
     assert "lineage check" not in capsys.readouterr().err  # every run's inputs belong together
     assert sorted(order + list(same)) == sorted(pipelines)
     assert len(set(order)) == len(order)
-    assert same == {"judge": "reward_judging", "train": "train_hiprag", "__default__": "train_hiprag"}
+    # judge gathers the trained policies' trajectories before judging (issue 46), so it is no alias of reward_judging
+    assert same == {"train": "train_hiprag", "__default__": "train_hiprag"}
     position = order.index
     assert position("data_preparation") < position("corpus_indexing") < position("rollout") < position("evaluation")
     assert position("sft_synthesis") < position("sft") and position("kg_extraction") < position("rollout_kag")
