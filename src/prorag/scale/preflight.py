@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prorag.scale.memory import UNSHARDED, Estimate, Sharding, TrainerLoad, check_servers, check_trainers
@@ -53,10 +53,8 @@ def trainer_loads(parameters: Mapping[str, Any]) -> list[TrainerLoad]:
 
 
 def _same(first: TrainerLoad, second: TrainerLoad) -> bool:
-    return (first.stage, first.model, first.full_parameters, first.reference_copy, first.micro_batch,
-            first.sequence, first.gradient_checkpointing) == (second.stage, second.model, second.full_parameters,
-                                                              second.reference_copy, second.micro_batch,
-                                                              second.sequence, second.gradient_checkpointing)
+    """The same load whatever parameter prefix names it."""
+    return replace(first, knob="") == replace(second, knob="")
 
 
 def _stage_loads(blocks: Mapping[str, Any], agent: Mapping[str, Any], model: str, knob: str) -> list[TrainerLoad]:
@@ -75,7 +73,8 @@ def _stage_loads(blocks: Mapping[str, Any], agent: Mapping[str, Any], model: str
                                  full and float(trainer.get("beta", 0.0)) > 0,
                                  int(trainer.get("per_device_train_batch_size", 4)),
                                  _rollout_tokens(agent, int(_get(rl, "retriever.top_k", 3))),
-                                 bool(trainer.get("gradient_checkpointing", False)), logits="chunked"))
+                                 bool(trainer.get("gradient_checkpointing", False)), logits="fused",
+                                 mixed_precision=trainer.get("dtype", "bfloat16") == "bfloat16"))
     for stage, prefix in (("dpo", "dpo.trainer."), ("tearag_ip_dpo", "tearag.ip_dpo.trainer."),
                           ("tearag_sft", "tearag.sft.")):
         settings = _get(blocks, prefix.rstrip("."))

@@ -16,8 +16,10 @@ ZeRO-3, FSDP2; shipped in ``prorag/training/accelerate_configs/``, or any accele
 4. on success, reads ``result.json`` (written by rank 0: the adapter folder, ``log_history``, world size, backend).
 
 Rank 0 logs into the MLflow run that was active when the launch started (the node's stage run); the other ranks
-log nothing. Every rank watches this process and exits when it disappears (``kill -9`` of ``kedro run``), so a
-killed launch leaves no training behind and the next identical run resumes.
+log nothing. The launcher gets SIGTERM when this process dies (``kill -9`` of ``kedro run``), and every rank exits
+when its own machine's launcher is gone, so a killed launch leaves no training behind and the next identical run
+resumes. ``launch.timeout`` is a timer: a launch still running then (a deadlocked collective prints nothing) is
+stopped, its process group and every process it started, and fails.
 
 This module imports neither Kedro nor torch; the worker (:mod:`prorag.training.launch_worker`) imports the trainers.
 """
@@ -32,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -53,8 +56,10 @@ RESULT_FILE: Final = "result.json"
 ERRORS_DIR: Final = "errors"
 INPUTS_DIR: Final = "inputs"
 RUN_DIR: Final = "run"
-LAUNCHER_PID_ENV: Final = "PRORAG_LAUNCHER_PID"
-"""The worker exits when the process with this id (the launcher) is gone."""
+EXIT_WITH_PARENT_ENV: Final = "PRORAG_EXIT_WITH_PARENT"
+"""``0``: a worker keeps running when the process that started it is gone (default ``1``: it exits)."""
+STOP_GRACE_S = 20.0
+"""Seconds between SIGTERM and SIGKILL when a launch is stopped (timeout, or this process leaving early)."""
 FAULT_ENV: Final = "PRORAG_LAUNCH_FAULT"
 """Fault injection for tests (``rank=1,step=2,action=raise`` or ``action=sleep:30``): see the worker."""
 CONFIGS_DIR: Final = Path(__file__).resolve().parent / "accelerate_configs"
@@ -313,8 +318,7 @@ def run_launch(settings: LaunchSettings, bundle: Path, *, mixed_precision: str =
     docstring); a failure raises :class:`LaunchError` with the failed rank's traceback."""
     command = (srun_command(settings, bundle, mixed_precision=mixed_precision) if settings.srun
                else launch_command(settings, bundle, mixed_precision=mixed_precision))
-    environment = {**os.environ, **(env or {}), LAUNCHER_PID_ENV: str(os.getpid()),
-                   "PYTHONUNBUFFERED": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    environment = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
     if settings.threads_per_process:
         environment["OMP_NUM_THREADS"] = str(settings.threads_per_process)
     attempt = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": command,
@@ -324,17 +328,20 @@ def run_launch(settings: LaunchSettings, bundle: Path, *, mixed_precision: str =
     logger.info("launching %d process(es) (%s) for %s: %s", settings.world_size, settings.config, bundle.name,
                 " ".join(command))
     tail: deque[str] = deque(maxlen=80)
-    started = time.monotonic()
     with _process_group(command, environment) as process:
-        assert process.stdout is not None
-        for line in process.stdout:
-            line = line.rstrip("\n")
-            tail.append(line)
-            logger.info("[launch] %s", line, extra={"markup": False})  # output is text, not rich markup
-            if settings.timeout and time.monotonic() - started > settings.timeout:
-                raise LaunchError(f"the launch of {bundle} ran past launch.timeout ({settings.timeout:.0f} s)",
-                                  bundle=bundle)
-        code = process.wait()
+        reader = threading.Thread(target=_stream, args=(process, tail), name="launch-output", daemon=True)
+        reader.start()
+        try:
+            code = process.wait(timeout=settings.timeout)
+        except subprocess.TimeoutExpired:
+            _stop(process)
+            reader.join(timeout=2.0)
+            raise LaunchError(
+                f"the launch of {bundle} ran past launch.timeout ({settings.timeout:.0f} s); stopped its process "
+                f"group and every process it started (SIGTERM, then SIGKILL after {STOP_GRACE_S:.0f} s). "
+                f"Checkpoints kept in {bundle / RUN_DIR}. Its last output:\n" + "\n".join(list(tail)[-30:]),
+                bundle=bundle) from None
+        reader.join(timeout=5.0)  # a process the launch left behind may still hold the pipe open
     if code != 0:
         raise _failure(bundle, code, list(tail))
     result_path = bundle / RESULT_FILE
@@ -345,6 +352,16 @@ def run_launch(settings: LaunchSettings, bundle: Path, *, mixed_precision: str =
                         world_size=int(result["world_size"]), backend=str(result["backend"]),
                         distributed_type=str(result["distributed_type"]), global_step=int(result["global_step"]),
                         resumed_from=result.get("resumed_from"), bundle=bundle, extra=result.get("extra", {}))
+
+
+def _stream(process: subprocess.Popen[str], tail: deque[str]) -> None:
+    """Log the launch's output line by line (on its own thread: the deadline does not wait for a line)."""
+    assert process.stdout is not None
+    with contextlib.suppress(ValueError, OSError):  # the pipe closed under us when the launch was stopped
+        for line in process.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            logger.info("[launch] %s", line, extra={"markup": False})  # output is text, not rich markup
 
 
 @contextlib.contextmanager
@@ -368,14 +385,71 @@ def _die_with_parent() -> None:
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
-    for signum, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
+    """Stop the launch's process group and every process it started: torch elastic starts each rank in a session of
+    its own, out of the group's reach. SIGTERM to all, SIGKILL to what is left after :data:`STOP_GRACE_S`."""
+    tree = [process.pid, *_descendants(process.pid)]
+    deadline = time.monotonic() + STOP_GRACE_S
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signum)
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        for pid in tree[1:]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        while time.monotonic() < deadline:
+            process.poll()  # reap the launcher: a zombie is not running
+            if not _group_running(process.pid) and not any(_running(pid) for pid in tree[1:]):
+                return
+            time.sleep(0.1)
+        deadline = time.monotonic() + 5.0
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=1.0)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, their children and so on (Linux ``/proc``; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for child, stat in _processes():
+        children.setdefault(int(stat[1]), []).append(child)
+    found: list[int] = []
+    queue = list(children.get(pid, []))
+    while queue:
+        child = queue.pop()
+        found.append(child)
+        queue.extend(children.get(child, []))
+    return found
+
+
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """``(pid, stat fields after the command name: state, ppid, pgrp, …)`` of every process (Linux ``/proc``)."""
+    for entry in Path("/proc").glob("[0-9]*"):
+        stat = _stat(int(entry.name))
+        if stat is not None:
+            yield int(entry.name), stat
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > 2 else None
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def _group_running(group: int) -> bool:
+    """A process of the process group ``group`` is running (zombies left out; without ``/proc``: it exists)."""
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if not Path("/proc/self/stat").exists():
+        return True
+    return any(stat[2] == str(group) and stat[0] != "Z" for _, stat in _processes())
 
 
 def _failure(bundle: Path, code: int, tail: list[str]) -> LaunchError:
