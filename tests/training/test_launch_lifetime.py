@@ -181,3 +181,93 @@ def test_a_rank_on_another_machine_does_not_watch_the_first_machines_pid(tmp_pat
     finally:
         rank.kill()
         rank.wait()
+
+
+# ------------------------------------------------------------------------------------------ the scheduler trains
+
+
+def _external(tmp_path: Path, **overrides: object) -> LaunchSettings:
+    return LaunchSettings(**{"mode": "external", "root": str(tmp_path / "launches"), "threads_per_process": 1,
+                             "handoff": str(tmp_path / "handoff"), **overrides})
+
+
+def _in_thread(function, *args, **kwargs):
+    import threading
+
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = function(*args, **kwargs)
+        except BaseException as error:  # handed to the test
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _handed_over(handoff: Path, seconds: float = 120.0) -> Path:
+    deadline = time.monotonic() + seconds
+    while not handoff.is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return Path(handoff.read_text())
+
+
+def test_an_external_launch_reports_the_scheduler_s_failed_job_with_the_rank_s_traceback(tmp_path, monkeypatch):
+    """The node hands the bundle over and starts nothing; the scheduler runs ``launch.sh``, whose rank fails: the
+    node fails with that rank's traceback."""
+    import prorag.training.launch as launch
+
+    monkeypatch.setattr(launch, "POLL_S", 0.2)
+    settings = _external(tmp_path)
+    bundle = prepare_bundle(settings, "sft", "external", inputs={}, worker={})
+    (bundle / "bundle.json").write_text((bundle / "bundle.json").read_text().replace('"stage": "sft"',
+                                                                                      '"stage": "unknown"'))
+    thread, outcome = _in_thread(run_launch, settings, bundle)
+    handed = _handed_over(tmp_path / "handoff", 10)
+    assert handed == bundle and thread.is_alive()  # waiting, with nothing started
+    script = (bundle / "launch.sh").read_text()
+    assert "accelerate.commands.launch" in script and "--machine_rank $rank" in script
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(["bash", str(bundle / "launch.sh")], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode != 0
+    assert (bundle / "exit_codes" / "machine_0").read_text().strip() == str(done.returncode)
+    thread.join(30)
+    error = outcome.get("error")
+    assert isinstance(error, LaunchError), outcome
+    assert "rank 0 of 1 failed: ValueError" in str(error) and "unknown stage 'unknown'" in str(error)
+
+
+def test_an_external_launch_without_a_result_stops_waiting_at_its_timeout(tmp_path, monkeypatch):
+    import prorag.training.launch as launch
+
+    monkeypatch.setattr(launch, "POLL_S", 0.2)
+    settings = _external(tmp_path, timeout=1.0)
+    bundle = prepare_bundle(settings, "sft", "nobody", inputs={}, worker={})
+    with pytest.raises(LaunchError, match=r"no result .* within launch\.timeout \(1 s\): did the scheduler run "):
+        run_launch(settings, bundle)
+
+
+@pytest.mark.distributed
+def test_the_scheduler_trains_an_external_launch_and_the_node_reads_its_result(tmp_path):
+    """SFT on the tiny Llama: the node (a thread here) writes the bundle and waits; the scheduler (this test) runs the
+    bundle's stock ``launch.sh``; the node returns rank 0's result."""
+    from prorag.training.config import SFTSettings
+    from prorag.training.launch import launch_sft
+
+    from .test_launch import EXAMPLES, TINY
+
+    settings = _external(tmp_path)
+    thread, outcome = _in_thread(launch_sft, TINY, EXAMPLES, SFTSettings(max_steps=2, per_device_train_batch_size=1,
+                                                                          save_steps=1, lora_r=4, lora_alpha=8),
+                                 settings)
+    bundle = _handed_over(tmp_path / "handoff")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(["bash", str(bundle / "launch.sh")], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    thread.join(60)
+    result = outcome.get("result")
+    assert result is not None, outcome
+    assert result.bundle == bundle and result.world_size == 1 and result.global_step == 2
+    assert (result.adapter / "adapter_model.safetensors").is_file()

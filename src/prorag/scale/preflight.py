@@ -98,12 +98,12 @@ class Preflight:
 
 
 def launch_sharding(parameters: Mapping[str, Any]) -> Sharding | None:
-    """The sharding of ``launch`` when the training nodes run under ``accelerate launch``; None when they train in
-    the ``kedro run`` process."""
+    """The sharding of ``launch`` when the training nodes run under ``accelerate launch`` (started by the node or,
+    ``external``, by the scheduler); None when they train in the ``kedro run`` process."""
     from prorag.training.launch import LaunchSettings, sharding_stage
 
     raw = parameters.get("launch")
-    if not isinstance(raw, Mapping) or raw.get("mode", "in_process") != "accelerate":
+    if not isinstance(raw, Mapping) or raw.get("mode", "in_process") == "in_process":
         return None
     settings = LaunchSettings.model_validate(raw)
     return Sharding(ranks=settings.world_size, stage=sharding_stage(settings.config))
@@ -113,9 +113,10 @@ def check_launch_gpus(parameters: Mapping[str, Any], placement: PlacementSpec) -
     """The training ranks of a launch take ``launch.gpu_ids`` of this machine: refuse ids that do not exist, that a
     server holds, or whose count is not ``processes_per_machine``; without ids every visible GPU is taken, which
     collides with any declared server's GPUs."""
-    launch = parameters["launch"]
-    processes = int(launch.get("processes_per_machine", 1))
-    ids = launch.get("gpu_ids")
+    from prorag.training.launch import LaunchSettings
+
+    launch = LaunchSettings.model_validate(parameters["launch"])
+    processes, ids = launch.processes_per_machine, launch.gpu_ids
     if ids is None:
         servers = placement.claim_gpus(placement.server_gpus())
         if servers:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from prorag.config import StrictModel
 from prorag.specs import PositiveInt
@@ -81,8 +81,10 @@ class LaunchError(RuntimeError):
 class LaunchSettings(StrictModel):
     """``launch``: how the training nodes (sft, rl, dpo, tearag's SFT and IP-DPO rounds) run their trainer."""
 
-    mode: Literal["in_process", "accelerate"] = "in_process"
-    """in_process: the node trains in the ``kedro run`` process (the default); accelerate: ``accelerate launch``."""
+    mode: Literal["in_process", "accelerate", "external"] = "in_process"
+    """in_process: the node trains in the ``kedro run`` process (the default); accelerate: it starts ``accelerate
+    launch``; external: it writes the bundle and waits for the result of a training the scheduler starts (the stock
+    command is ``<bundle>/launch.sh``; :func:`await_external`)."""
     processes_per_machine: PositiveInt = 1
     """Training processes on each machine (one per GPU; on CPU, gloo processes)."""
     num_machines: PositiveInt = 1
@@ -91,7 +93,8 @@ class LaunchSettings(StrictModel):
     config: str = "ddp"
     """An accelerate config: a shipped one (ddp, zero2, zero3, fsdp2) or the path of an accelerate config file."""
     gpu_ids: list[int] | None = None
-    """The GPUs of this machine to train on (accelerate's ``--gpu_ids``); None: all visible."""
+    """The GPUs of this machine to train on (accelerate's ``--gpu_ids``); None: all visible. ``kedro run --params``
+    splits on every comma, so there it is written with spaces: ``launch.gpu_ids=2 6 7``."""
     main_process_ip: str | None = None
     """Rendezvous address (the rank-0 machine); None on one machine (127.0.0.1)."""
     main_process_port: int = Field(default=0, ge=0, le=65535)
@@ -106,16 +109,24 @@ class LaunchSettings(StrictModel):
     threads_per_process: PositiveInt | None = None
     """``OMP_NUM_THREADS`` of each process (CPU training); None: accelerate's default."""
     timeout: float | None = Field(default=None, gt=0)
-    """Seconds before the launch is stopped and fails (None: no limit)."""
+    """Seconds before the launch is stopped and fails (None: no limit); external: before the node stops waiting."""
+    handoff: str | None = None
+    """external: a file the node writes the bundle folder into once the bundle is ready (the scheduler's script
+    waits for it, starts the training, and removes it)."""
+
+    @field_validator("gpu_ids", mode="before")
+    @classmethod
+    def _spaced_ids(cls, value: Any) -> Any:
+        return [int(part) for part in value.split()] if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _consistent(self) -> LaunchSettings:
-        if self.mode == "accelerate":
+        if self.mode != "in_process":
             config_path(self.config)
         if self.num_machines > 1:
-            if not self.main_process_ip and not self.srun:
-                raise ValueError("launch.num_machines > 1 needs launch.main_process_ip (the rank-0 machine) or "
-                                 "launch.srun: true")
+            if not self.main_process_ip and not self.srun and self.mode != "external":
+                raise ValueError("launch.num_machines > 1 needs launch.main_process_ip (the rank-0 machine), "
+                                 "launch.srun: true, or launch.mode: external ($MASTER_ADDR from the scheduler)")
             if self.main_process_port == 0:
                 raise ValueError("launch.num_machines > 1 needs a fixed launch.main_process_port (e.g. 29500)")
         elif self.srun:
@@ -124,7 +135,8 @@ class LaunchSettings(StrictModel):
 
     @property
     def enabled(self) -> bool:
-        return self.mode == "accelerate"
+        """The training nodes do not train in the ``kedro run`` process."""
+        return self.mode != "in_process"
 
     @property
     def world_size(self) -> int:
@@ -304,6 +316,8 @@ def prepare_bundle(settings: LaunchSettings, stage: Stage, key: str, *, inputs: 
         for stale in errors.glob("rank_*.json"):
             stale.unlink()
     (bundle / RESULT_FILE).unlink(missing_ok=True)
+    for stale in (bundle / EXIT_CODES_DIR).glob("*"):  # an earlier external attempt's
+        stale.unlink()
     _write_json(bundle / BUNDLE_FILE, {
         "format": BUNDLE_FORMAT, "stage": stage, "fingerprint": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "launch": settings.model_dump(), "mlflow": active_mlflow_run(), "worker": dict(worker),
@@ -316,6 +330,8 @@ def run_launch(settings: LaunchSettings, bundle: Path, *, mixed_precision: str =
                env: Mapping[str, str] | None = None) -> LaunchResult:
     """Start the launch of a prepared bundle, stream its output, wait, and return rank 0's result (module
     docstring); a failure raises :class:`LaunchError` with the failed rank's traceback."""
+    if settings.mode == "external":
+        return await_external(settings, bundle, mixed_precision=mixed_precision)
     command = (srun_command(settings, bundle, mixed_precision=mixed_precision) if settings.srun
                else launch_command(settings, bundle, mixed_precision=mixed_precision))
     environment = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
@@ -344,14 +360,71 @@ def run_launch(settings: LaunchSettings, bundle: Path, *, mixed_precision: str =
         reader.join(timeout=5.0)  # a process the launch left behind may still hold the pipe open
     if code != 0:
         raise _failure(bundle, code, list(tail))
+    return _result(bundle, f"the launch of {bundle} exited 0 but rank 0 wrote no {RESULT_FILE}")
+
+
+def _result(bundle: Path, missing: str) -> LaunchResult:
     result_path = bundle / RESULT_FILE
     if not result_path.is_file():
-        raise LaunchError(f"the launch of {bundle} exited 0 but rank 0 wrote no {RESULT_FILE}", bundle=bundle)
+        raise LaunchError(missing, bundle=bundle)
     result = json.loads(result_path.read_text(encoding="utf-8"))
     return LaunchResult(adapter=Path(result["adapter"]), log_history=result["log_history"],
                         world_size=int(result["world_size"]), backend=str(result["backend"]),
                         distributed_type=str(result["distributed_type"]), global_step=int(result["global_step"]),
                         resumed_from=result.get("resumed_from"), bundle=bundle, extra=result.get("extra", {}))
+
+
+LAUNCH_SCRIPT: Final = "launch.sh"
+"""The stock per-machine command of an external launch, written into its bundle."""
+EXIT_CODES_DIR: Final = "exit_codes"
+"""``launch.sh`` writes each machine's exit code here (``machine_<rank>``)."""
+POLL_S = 2.0
+"""How often an external launch's node looks for the result."""
+
+
+def await_external(settings: LaunchSettings, bundle: Path, *, mixed_precision: str = "no") -> LaunchResult:
+    """``launch.mode: external``: the scheduler starts the training, this process only hands the bundle over and
+    reads the result. Writes ``<bundle>/launch.sh`` (accelerate's own launcher of the worker, to run once per
+    machine: ``--machine_rank`` from ``$MACHINE_RANK``, else ``$SLURM_NODEID``, else 0; the rendezvous at
+    ``$MASTER_ADDR``; it records its exit code in ``exit_codes/``), then ``launch.handoff`` (the bundle's folder),
+    and waits for rank 0's ``result.json``, a rank's error report or a failed machine's exit code. No process is
+    started or watched from here; ``launch.timeout`` bounds the wait."""
+    command = launch_command(settings, bundle, mixed_precision=mixed_precision, machine_rank="$rank")
+    exports = {"PYTHONUNBUFFERED": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
+               **({"OMP_NUM_THREADS": str(settings.threads_per_process)} if settings.threads_per_process else {})}
+    codes = bundle / EXIT_CODES_DIR
+    script = bundle / LAUNCH_SCRIPT
+    script.write_text("\n".join([
+        "#!/bin/bash",
+        "# prorag: the training of this bundle; the scheduler runs it once per machine (docs/distributed.md)",
+        "set -uo pipefail",
+        "export " + " ".join(f"{name}={value}" for name, value in exports.items()),
+        'rank=${MACHINE_RANK:-${SLURM_NODEID:-0}}',
+        "code=0",
+        " ".join(part if part.startswith("$") else _quote(part) for part in command) + " || code=$?",
+        f"mkdir -p {_quote(str(codes))} && echo $code > {_quote(str(codes))}/machine_$rank",
+        "exit $code", ""]), encoding="utf-8")
+    script.chmod(0o755)
+    with (bundle / "attempts.jsonl").open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "external": str(script),
+                                 "world_size": settings.world_size, "mlflow": active_mlflow_run()}) + "\n")
+    if settings.handoff:
+        _write_text(Path(settings.handoff), str(bundle))
+    logger.info("waiting for the scheduler to train %s on %d process(es): %s on each machine%s", bundle.name,
+                settings.world_size, script, f" (handed over in {settings.handoff})" if settings.handoff else "")
+    started = time.monotonic()
+    while not (bundle / RESULT_FILE).is_file():
+        failed = {path.name: path.read_text().strip() for path in codes.glob("*")
+                  if path.read_text().strip() not in ("", "0")} if codes.is_dir() else {}
+        if failed or any((bundle / ERRORS_DIR).glob("rank_*.json")):
+            time.sleep(POLL_S)  # the other ranks' reports of the same failure
+            raise _failure(bundle, ", ".join(f"{code} ({name})" for name, code in sorted(failed.items()))
+                           or "an error", [])
+        if settings.timeout and time.monotonic() - started > settings.timeout:
+            raise LaunchError(f"no result in {bundle} within launch.timeout ({settings.timeout:.0f} s): did the "
+                              f"scheduler run {script} on every machine?", bundle=bundle)
+        time.sleep(POLL_S)
+    return _result(bundle, "")
 
 
 def _stream(process: subprocess.Popen[str], tail: deque[str]) -> None:
@@ -452,7 +525,7 @@ def _group_running(group: int) -> bool:
     return any(stat[2] == str(group) and stat[0] != "Z" for _, stat in _processes())
 
 
-def _failure(bundle: Path, code: int, tail: list[str]) -> LaunchError:
+def _failure(bundle: Path, code: int | str, tail: list[str]) -> LaunchError:
     """The error of a failed launch: the rank whose error file is the earliest, with its traceback."""
     reports = []
     for path in sorted((bundle / ERRORS_DIR).glob("rank_*.json")):
@@ -470,10 +543,15 @@ def _failure(bundle: Path, code: int, tail: list[str]) -> LaunchError:
     return LaunchError(message, rank=int(first["rank"]), rank_traceback=first["traceback"], bundle=bundle)
 
 
-def _write_json(path: Path, data: Any) -> None:
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(data, default=str), encoding="utf-8")
+    temporary.write_text(text, encoding="utf-8")
     temporary.replace(path)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    _write_text(path, json.dumps(data, default=str))
 
 
 # ------------------------------------------------------------------------------------------ the stages
