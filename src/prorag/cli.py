@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 from kedro.framework.cli.project import run as kedro_run
+from kedro.framework.cli.utils import _split_params
 
 from prorag.errors import TRACEBACK_ENV, user_error_message
 from prorag.redaction import redact_text
@@ -80,3 +81,27 @@ def cli() -> None:
 
 
 cli.add_command(run)
+
+
+@cli.command(name="preflight")
+@click.option("--env", "-e", default=None, help="The Kedro environment (e.g. gpu), as for kedro run.")
+@click.option("--params", type=click.UNPROCESSED, default="", callback=_split_params,
+              help="Runtime parameters, as for kedro run (key1=value1,key2.sub=value2).")
+def preflight_command(env: str | None, params: dict[str, Any]) -> None:
+    """Run the GPU preflight on the parameters of --env and --params, as `kedro run` would before its first node
+    (placement, the launch's GPUs, memory per process), and run nothing else. An sbatch runs it before its steps."""
+    from pathlib import Path
+
+    from prorag.config_loader import ProjectConfigLoader
+    from prorag.scale.preflight import preflight
+    from prorag.settings import CONFIG_LOADER_ARGS
+
+    loader = ProjectConfigLoader(str(Path.cwd() / "conf"), env=env, runtime_params=params, **CONFIG_LOADER_ARGS)
+    try:
+        found = preflight(loader["parameters"])
+    except ValueError as error:
+        click.secho(f"Error: preflight refused --env {env} --params: {error}", fg="red", err=True)
+        raise SystemExit(1) from error
+    for estimate in found.trainers:
+        click.echo(f"{estimate.stage}: about {estimate.total:.1f} GiB per training process")
+    click.echo("preflight passed")

@@ -97,6 +97,19 @@ def test_full_parameter_bf16_training_keeps_fp32_master_weights_that_move_at_lr_
     assert state["exp_avg"].dtype == torch.float32
 
 
+@pytest.mark.parametrize(("dtype", "expected"), [("bfloat16", torch.bfloat16), ("float32", torch.float32)])
+def test_the_full_parameter_reference_model_is_held_in_the_compute_dtype(tmp_path, one_torch_thread, dtype, expected):
+    """Issue 43 N2: TRL builds the reference in the policy's dtype, fp32 since the fp32 masters; under bf16 mixed
+    precision the reference only ever runs forward in bf16, so it is held in bf16 (half the bytes: 6 GiB of 3B)."""
+    settings = GRPOSettings(per_device_train_batch_size=2, num_generations=2, dtype=dtype, beta=0.001, use_cpu=True)
+    function = AgentRolloutFunction(_questions(), None, NoScorer(), None)  # type: ignore[arg-type]
+    trainer = build_grpo_trainer(BUNDLED_TINY_LLAMA, _questions(), function, tmp_path, settings,
+                                 full_parameters=True)
+    assert trainer.ref_model is not None
+    assert {parameter.dtype for parameter in trainer.model.parameters()} == {torch.float32}  # fp32 masters kept
+    assert {parameter.dtype for parameter in trainer.ref_model.parameters()} == {expected}
+
+
 def test_the_preflight_runs_as_a_hook_before_mlflow_opens_a_run():
     from prorag.hooks import GpuPreflightHook, MlflowTrackingHook, ParameterValidationHook
     from prorag.settings import HOOKS

@@ -121,3 +121,33 @@ def test_a_methods_stage_is_checked_with_its_own_settings():
     knobs = {load.knob for load in trainer_loads(parameters)}
     assert {"rl.trainer.", "methods.multistage.stages.rl.trainer."} <= knobs
     assert "methods.hiprag.stages.rl.trainer." not in knobs  # identical to the shared block: checked once
+
+
+def test_full_parameter_grpo_charges_the_reference_autocast_s_weight_copies_and_the_fp32_residual():
+    """Issue 43 N2, conf/gpu's GRPO by hand (Qwen2.5-3B: 3.09 B parameters, hidden 2048, 36 layers; 4 completions of
+    7,040 tokens, checkpointing): 16 B fp32 states, a bf16 reference, autocast's bf16 copy of every weight, fp32
+    layer inputs, one layer recomputed, the fused LM head's tile and its fp32 input."""
+    from prorag.scale.memory import GIB, MODELS, Sharding, TrainerLoad, estimate
+
+    parameters, tokens = 3.09e9, 4 * 7040
+    load = TrainerLoad("rl", "rl.trainer.", "Qwen/Qwen2.5-3B-Instruct", True, True, 4, 7040, True, logits="fused")
+    found = estimate(load, MODELS[load.model])
+    expected = {"weights_gradients_optimizer": parameters * 16, "reference": parameters * 2,
+                "autocast_weights": parameters * 2, "layer_inputs": tokens * 2048 * 4 * 36,
+                "recomputed_layers": tokens * 2048 * 34, "lm_head": 4096 * 32768 * 4 + tokens * 2048 * 4}
+    assert found.parts == pytest.approx({name: value / GIB for name, value in expected.items()})
+    assert found.states == pytest.approx(57.56, abs=0.01) and found.total == pytest.approx(67.83, abs=0.01)
+    placement = PlacementSpec(gpu_memory_gib=79)  # an H100: budget 72.7 GiB
+    assert check_trainers([load], placement)[0].total < 72.7  # admitted, 4.9 GiB to spare
+    doubled = TrainerLoad("rl", "rl.trainer.", load.model, True, True, 8, 7040, True, logits="fused")
+    with pytest.raises(MemoryPlanError, match=r"rl needs about 78 GiB on one GPU \(58 GiB .*autocast.*"
+                                              r"lower rl\.trainer\.per_device_train_batch_size to at most 6"):
+        check_trainers([doubled], placement)
+    # fp32 compute: no autocast copy, but the reference is fp32 too
+    fp32 = estimate(TrainerLoad("rl", "", load.model, True, True, 4, 7040, True, logits="fused",
+                                mixed_precision=False), MODELS[load.model])
+    assert fp32.parts["autocast_weights"] == 0 and fp32.parts["reference"] == pytest.approx(parameters * 4 / GIB)
+    # ZeRO-3 computes with bf16 weights of its own: no autocast copy, a bf16 residual stream
+    sharded = estimate(load, MODELS[load.model], Sharding(4, 3))
+    assert sharded.parts["autocast_weights"] == 0
+    assert sharded.parts["layer_inputs"] == pytest.approx(found.parts["layer_inputs"] / 2)

@@ -3,14 +3,17 @@
 Estimates (GiB = 2**30 bytes), per process, from the model's size and the configured batch:
 
 * **Full-parameter training** (mixed precision, :mod:`prorag.training.devices`): fp32 master weights (4 B), fp32
-  gradients (4 B) and AdamW's two fp32 moments (8 B) — 16 B per parameter — plus a bf16 reference model (2 B) when
-  the KL coefficient ``beta`` > 0 (TRL loads a second copy for a full model).
+  gradients (4 B) and AdamW's two fp32 moments (8 B) — 16 B per parameter — plus the reference model when the KL
+  coefficient ``beta`` > 0 (TRL loads a second copy for a full model; held in the compute dtype, 2 B in bf16:
+  :func:`prorag.training.trl_grpo.reference_dtype`). Autocast over fp32 weights (one process, DDP) also caches a
+  bf16 copy of every weight a micro-batch's forward uses until its autocast region ends: 2 B more per parameter.
 * **LoRA training**: the frozen base in bf16 (2 B per parameter); the adapter and its optimizer are negligible, and
   PEFT's reference is the base with the adapter disabled (no copy).
 * **Activations**: with gradient checkpointing, every layer's input is kept — ``micro-batch × sequence × hidden ×
-  2 B × layers`` — plus one layer recomputed in full (≈ 34 × hidden B per token, Korthikanti et al. 2022); without
-  it, every layer's. Trainers that materialise the logits (SFT, DPO) add ``micro-batch × sequence × vocabulary ×
-  4 B``; TRL's GRPO computes log-probabilities in chunks and adds one chunk.
+  2 B × layers``, 4 B under autocast over fp32 weights, where the embeddings, RMSNorm and residual adds stay fp32 —
+  plus one layer recomputed in full (≈ 34 × hidden B per token, Korthikanti et al. 2022); without it, every
+  layer's. Trainers that materialise the logits (SFT, DPO) add ``micro-batch × sequence × vocabulary × 4 B``;
+  TRL's GRPO projects through a fused LM head in tiles (:data:`FUSED_HEAD_TILE`) and keeps the head's input.
 * **Sharded over a launch** (``launch.mode: accelerate``, :class:`Sharding`): ZeRO-2 splits gradients and
   optimizer moments over the ranks (each keeps its fp32 weights: 4 B + 12 B / ranks); ZeRO-3 and FSDP2 split
   weights too (16 B / ranks, and the frozen base of LoRA 2 B / ranks); DDP splits nothing. Activations are per rank.
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -39,6 +42,8 @@ HEADROOM: Final = 0.92
 rest)."""
 KV_RESERVE: Final = 0.15
 """Share of a vLLM server's memory budget that must stay free of weights for the KV cache."""
+FUSED_HEAD_TILE: Final = (4096, 32768)
+"""Tokens × vocabulary columns of one fp32 tile of TRL's fused LM head (``trl.kernels.chunked_logprob``)."""
 
 
 @dataclass(frozen=True)
@@ -91,9 +96,9 @@ class Sharding:
     ranks: int = 1
     stage: int = 0
 
-    def states_bytes(self, full_parameters: bool, reference_copy: bool) -> float:
-        """Bytes per parameter of one rank (module docstring)."""
-        shared = 2.0 if reference_copy else 0.0
+    def states_bytes(self, full_parameters: bool, reference_copy: bool, reference_bytes: float = 2.0) -> float:
+        """Bytes per parameter of one rank (module docstring), autocast's weight copies left out."""
+        shared = reference_bytes if reference_copy else 0.0
         if not full_parameters:
             frozen = 2.0 + shared
             return frozen / self.ranks if self.stage >= 3 else frozen
@@ -102,6 +107,12 @@ class Sharding:
         if self.stage == 2:
             return 4.0 + 12.0 / self.ranks + shared
         return 16.0 + shared
+
+    @property
+    def autocast(self) -> bool:
+        """Mixed precision runs as torch autocast over fp32 weights (one process, DDP); DeepSpeed and FSDP2 compute
+        with bf16 weights of their own instead."""
+        return self.stage == 0
 
 
 UNSHARDED: Final = Sharding()
@@ -120,16 +131,20 @@ class TrainerLoad:
     sequence: int
     gradient_checkpointing: bool
     logits: str = "full"
-    """``full`` (SFT, DPO: micro-batch × sequence × vocabulary fp32) or ``chunked`` (TRL GRPO)."""
+    """``full`` (SFT, DPO: micro-batch × sequence × vocabulary fp32) or ``fused`` (TRL GRPO's tiled LM head)."""
+    mixed_precision: bool = True
+    """bf16 compute (``dtype: bfloat16``); False: fp32 throughout (a full-parameter reference is then fp32 too)."""
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """GiB of one stage: ``states`` (weights, gradients, optimizer, reference) and ``activations``."""
+    """GiB of one stage: ``states`` (weights, gradients, optimizer, reference, autocast's weight copies) and
+    ``activations``; ``parts`` names each term of both (module docstring)."""
 
     stage: str
     states: float
     activations: float
+    parts: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def total(self) -> float:
@@ -138,13 +153,29 @@ class Estimate:
 
 def estimate(load: TrainerLoad, shape: ModelShape, sharding: Sharding = UNSHARDED) -> Estimate:
     """The estimate of one training stage on one rank (module docstring)."""
-    states = shape.parameters * sharding.states_bytes(load.full_parameters, load.reference_copy)
+    autocast = load.full_parameters and load.mixed_precision and sharding.autocast
+    reference_bytes = 2.0 if load.mixed_precision else 4.0
+    bytes_per_parameter = sharding.states_bytes(load.full_parameters, False)
+    reference = sharding.states_bytes(load.full_parameters, load.reference_copy, reference_bytes) \
+        - bytes_per_parameter
     tokens = load.micro_batch * load.sequence
+    residual = 4.0 if autocast or (load.full_parameters and not load.mixed_precision) else 2.0
     kept_layers = shape.layers if load.gradient_checkpointing else 0
-    per_token = shape.hidden * (2.0 * kept_layers + 34.0 * (1 if load.gradient_checkpointing else shape.layers))
-    logits_tokens = tokens if load.logits == "full" else min(tokens, 2 * load.sequence)
-    activations = tokens * per_token + logits_tokens * shape.vocabulary * 4.0
-    return Estimate(load.stage, states / GIB, activations / GIB)
+    recomputed = 1 if load.gradient_checkpointing else shape.layers
+    if load.logits == "fused":
+        head = min(tokens, FUSED_HEAD_TILE[0]) * min(shape.vocabulary, FUSED_HEAD_TILE[1]) * 4.0 \
+            + tokens * shape.hidden * 4.0
+    else:
+        head = tokens * shape.vocabulary * 4.0
+    parts = {"weights_gradients_optimizer": shape.parameters * bytes_per_parameter,
+             "reference": shape.parameters * reference,
+             "autocast_weights": shape.parameters * 2.0 if autocast else 0.0,
+             "layer_inputs": tokens * shape.hidden * residual * kept_layers,
+             "recomputed_layers": tokens * shape.hidden * 34.0 * recomputed,
+             "lm_head": head}
+    parts = {name: value / GIB for name, value in parts.items()}
+    states = sum(parts[name] for name in ("weights_gradients_optimizer", "reference", "autocast_weights"))
+    return Estimate(load.stage, states, sum(parts.values()) - states, parts)
 
 
 def check_trainers(loads: list[TrainerLoad], placement: PlacementSpec,
@@ -165,8 +196,8 @@ def check_trainers(loads: list[TrainerLoad], placement: PlacementSpec,
             continue
         where = "one GPU" if sharding.ranks == 1 else f"each of {sharding.ranks} ranks (stage {sharding.stage})"
         what = (f"{load.stage} needs about {found.total:.0f} GiB on {where} ({found.states:.0f} GiB of weights, "
-                f"gradients, optimizer and reference, {found.activations:.0f} GiB of activations for "
-                f"{load.micro_batch} sequences of {load.sequence} tokens), more than {budget:.0f} GiB "
+                f"gradients, optimizer, reference and autocast's bf16 weight copies, {found.activations:.0f} GiB of "
+                f"activations for {load.micro_batch} sequences of {load.sequence} tokens), more than {budget:.0f} GiB "
                 f"({HEADROOM:.0%} of placement.gpu_memory_gib {placement.gpu_memory_gib:g})")
         if found.states > budget and sharding.stage >= 3:
             fix = (f"more ranks (launch.processes_per_machine, launch.num_machines), a LoRA adapter ({load.knob} "

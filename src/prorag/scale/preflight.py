@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prorag.scale.memory import UNSHARDED, Estimate, Sharding, TrainerLoad, check_servers, check_trainers
@@ -53,10 +53,8 @@ def trainer_loads(parameters: Mapping[str, Any]) -> list[TrainerLoad]:
 
 
 def _same(first: TrainerLoad, second: TrainerLoad) -> bool:
-    return (first.stage, first.model, first.full_parameters, first.reference_copy, first.micro_batch,
-            first.sequence, first.gradient_checkpointing) == (second.stage, second.model, second.full_parameters,
-                                                              second.reference_copy, second.micro_batch,
-                                                              second.sequence, second.gradient_checkpointing)
+    """The same load whatever parameter prefix names it."""
+    return replace(first, knob="") == replace(second, knob="")
 
 
 def _stage_loads(blocks: Mapping[str, Any], agent: Mapping[str, Any], model: str, knob: str) -> list[TrainerLoad]:
@@ -75,7 +73,8 @@ def _stage_loads(blocks: Mapping[str, Any], agent: Mapping[str, Any], model: str
                                  full and float(trainer.get("beta", 0.0)) > 0,
                                  int(trainer.get("per_device_train_batch_size", 4)),
                                  _rollout_tokens(agent, int(_get(rl, "retriever.top_k", 3))),
-                                 bool(trainer.get("gradient_checkpointing", False)), logits="chunked"))
+                                 bool(trainer.get("gradient_checkpointing", False)), logits="fused",
+                                 mixed_precision=trainer.get("dtype", "bfloat16") == "bfloat16"))
     for stage, prefix in (("dpo", "dpo.trainer."), ("tearag_ip_dpo", "tearag.ip_dpo.trainer."),
                           ("tearag_sft", "tearag.sft.")):
         settings = _get(blocks, prefix.rstrip("."))
@@ -99,12 +98,12 @@ class Preflight:
 
 
 def launch_sharding(parameters: Mapping[str, Any]) -> Sharding | None:
-    """The sharding of ``launch`` when the training nodes run under ``accelerate launch``; None when they train in
-    the ``kedro run`` process."""
+    """The sharding of ``launch`` when the training nodes run under ``accelerate launch`` (started by the node or,
+    ``external``, by the scheduler); None when they train in the ``kedro run`` process."""
     from prorag.training.launch import LaunchSettings, sharding_stage
 
     raw = parameters.get("launch")
-    if not isinstance(raw, Mapping) or raw.get("mode", "in_process") != "accelerate":
+    if not isinstance(raw, Mapping) or raw.get("mode", "in_process") == "in_process":
         return None
     settings = LaunchSettings.model_validate(raw)
     return Sharding(ranks=settings.world_size, stage=sharding_stage(settings.config))
@@ -114,9 +113,10 @@ def check_launch_gpus(parameters: Mapping[str, Any], placement: PlacementSpec) -
     """The training ranks of a launch take ``launch.gpu_ids`` of this machine: refuse ids that do not exist, that a
     server holds, or whose count is not ``processes_per_machine``; without ids every visible GPU is taken, which
     collides with any declared server's GPUs."""
-    launch = parameters["launch"]
-    processes = int(launch.get("processes_per_machine", 1))
-    ids = launch.get("gpu_ids")
+    from prorag.training.launch import LaunchSettings
+
+    launch = LaunchSettings.model_validate(parameters["launch"])
+    processes, ids = launch.processes_per_machine, launch.gpu_ids
     if ids is None:
         servers = placement.claim_gpus(placement.server_gpus())
         if servers:

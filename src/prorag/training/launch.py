@@ -16,8 +16,10 @@ ZeRO-3, FSDP2; shipped in ``prorag/training/accelerate_configs/``, or any accele
 4. on success, reads ``result.json`` (written by rank 0: the adapter folder, ``log_history``, world size, backend).
 
 Rank 0 logs into the MLflow run that was active when the launch started (the node's stage run); the other ranks
-log nothing. Every rank watches this process and exits when it disappears (``kill -9`` of ``kedro run``), so a
-killed launch leaves no training behind and the next identical run resumes.
+log nothing. The launcher gets SIGTERM when this process dies (``kill -9`` of ``kedro run``), and every rank exits
+when its own machine's launcher is gone, so a killed launch leaves no training behind and the next identical run
+resumes. ``launch.timeout`` is a timer: a launch still running then (a deadlocked collective prints nothing) is
+stopped, its process group and every process it started, and fails.
 
 This module imports neither Kedro nor torch; the worker (:mod:`prorag.training.launch_worker`) imports the trainers.
 """
@@ -32,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -39,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from prorag.config import StrictModel
 from prorag.specs import PositiveInt
@@ -53,8 +56,10 @@ RESULT_FILE: Final = "result.json"
 ERRORS_DIR: Final = "errors"
 INPUTS_DIR: Final = "inputs"
 RUN_DIR: Final = "run"
-LAUNCHER_PID_ENV: Final = "PRORAG_LAUNCHER_PID"
-"""The worker exits when the process with this id (the launcher) is gone."""
+EXIT_WITH_PARENT_ENV: Final = "PRORAG_EXIT_WITH_PARENT"
+"""``0``: a worker keeps running when the process that started it is gone (default ``1``: it exits)."""
+STOP_GRACE_S = 20.0
+"""Seconds between SIGTERM and SIGKILL when a launch is stopped (timeout, or this process leaving early)."""
 FAULT_ENV: Final = "PRORAG_LAUNCH_FAULT"
 """Fault injection for tests (``rank=1,step=2,action=raise`` or ``action=sleep:30``): see the worker."""
 CONFIGS_DIR: Final = Path(__file__).resolve().parent / "accelerate_configs"
@@ -76,8 +81,10 @@ class LaunchError(RuntimeError):
 class LaunchSettings(StrictModel):
     """``launch``: how the training nodes (sft, rl, dpo, tearag's SFT and IP-DPO rounds) run their trainer."""
 
-    mode: Literal["in_process", "accelerate"] = "in_process"
-    """in_process: the node trains in the ``kedro run`` process (the default); accelerate: ``accelerate launch``."""
+    mode: Literal["in_process", "accelerate", "external"] = "in_process"
+    """in_process: the node trains in the ``kedro run`` process (the default); accelerate: it starts ``accelerate
+    launch``; external: it writes the bundle and waits for the result of a training the scheduler starts (the stock
+    command is ``<bundle>/launch.sh``; :func:`await_external`)."""
     processes_per_machine: PositiveInt = 1
     """Training processes on each machine (one per GPU; on CPU, gloo processes)."""
     num_machines: PositiveInt = 1
@@ -86,7 +93,8 @@ class LaunchSettings(StrictModel):
     config: str = "ddp"
     """An accelerate config: a shipped one (ddp, zero2, zero3, fsdp2) or the path of an accelerate config file."""
     gpu_ids: list[int] | None = None
-    """The GPUs of this machine to train on (accelerate's ``--gpu_ids``); None: all visible."""
+    """The GPUs of this machine to train on (accelerate's ``--gpu_ids``); None: all visible. ``kedro run --params``
+    splits on every comma, so there it is written with spaces: ``launch.gpu_ids=2 6 7``."""
     main_process_ip: str | None = None
     """Rendezvous address (the rank-0 machine); None on one machine (127.0.0.1)."""
     main_process_port: int = Field(default=0, ge=0, le=65535)
@@ -101,16 +109,24 @@ class LaunchSettings(StrictModel):
     threads_per_process: PositiveInt | None = None
     """``OMP_NUM_THREADS`` of each process (CPU training); None: accelerate's default."""
     timeout: float | None = Field(default=None, gt=0)
-    """Seconds before the launch is stopped and fails (None: no limit)."""
+    """Seconds before the launch is stopped and fails (None: no limit); external: before the node stops waiting."""
+    handoff: str | None = None
+    """external: a file the node writes the bundle folder into once the bundle is ready (the scheduler's script
+    waits for it, starts the training, and removes it)."""
+
+    @field_validator("gpu_ids", mode="before")
+    @classmethod
+    def _spaced_ids(cls, value: Any) -> Any:
+        return [int(part) for part in value.split()] if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _consistent(self) -> LaunchSettings:
-        if self.mode == "accelerate":
+        if self.mode != "in_process":
             config_path(self.config)
         if self.num_machines > 1:
-            if not self.main_process_ip and not self.srun:
-                raise ValueError("launch.num_machines > 1 needs launch.main_process_ip (the rank-0 machine) or "
-                                 "launch.srun: true")
+            if not self.main_process_ip and not self.srun and self.mode != "external":
+                raise ValueError("launch.num_machines > 1 needs launch.main_process_ip (the rank-0 machine), "
+                                 "launch.srun: true, or launch.mode: external ($MASTER_ADDR from the scheduler)")
             if self.main_process_port == 0:
                 raise ValueError("launch.num_machines > 1 needs a fixed launch.main_process_port (e.g. 29500)")
         elif self.srun:
@@ -119,7 +135,8 @@ class LaunchSettings(StrictModel):
 
     @property
     def enabled(self) -> bool:
-        return self.mode == "accelerate"
+        """The training nodes do not train in the ``kedro run`` process."""
+        return self.mode != "in_process"
 
     @property
     def world_size(self) -> int:
@@ -299,6 +316,8 @@ def prepare_bundle(settings: LaunchSettings, stage: Stage, key: str, *, inputs: 
         for stale in errors.glob("rank_*.json"):
             stale.unlink()
     (bundle / RESULT_FILE).unlink(missing_ok=True)
+    for stale in (bundle / EXIT_CODES_DIR).glob("*"):  # an earlier external attempt's
+        stale.unlink()
     _write_json(bundle / BUNDLE_FILE, {
         "format": BUNDLE_FORMAT, "stage": stage, "fingerprint": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "launch": settings.model_dump(), "mlflow": active_mlflow_run(), "worker": dict(worker),
@@ -311,10 +330,11 @@ def run_launch(settings: LaunchSettings, bundle: Path, *, mixed_precision: str =
                env: Mapping[str, str] | None = None) -> LaunchResult:
     """Start the launch of a prepared bundle, stream its output, wait, and return rank 0's result (module
     docstring); a failure raises :class:`LaunchError` with the failed rank's traceback."""
+    if settings.mode == "external":
+        return await_external(settings, bundle, mixed_precision=mixed_precision)
     command = (srun_command(settings, bundle, mixed_precision=mixed_precision) if settings.srun
                else launch_command(settings, bundle, mixed_precision=mixed_precision))
-    environment = {**os.environ, **(env or {}), LAUNCHER_PID_ENV: str(os.getpid()),
-                   "PYTHONUNBUFFERED": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    environment = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
     if settings.threads_per_process:
         environment["OMP_NUM_THREADS"] = str(settings.threads_per_process)
     attempt = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": command,
@@ -324,27 +344,97 @@ def run_launch(settings: LaunchSettings, bundle: Path, *, mixed_precision: str =
     logger.info("launching %d process(es) (%s) for %s: %s", settings.world_size, settings.config, bundle.name,
                 " ".join(command))
     tail: deque[str] = deque(maxlen=80)
-    started = time.monotonic()
     with _process_group(command, environment) as process:
-        assert process.stdout is not None
-        for line in process.stdout:
-            line = line.rstrip("\n")
-            tail.append(line)
-            logger.info("[launch] %s", line, extra={"markup": False})  # output is text, not rich markup
-            if settings.timeout and time.monotonic() - started > settings.timeout:
-                raise LaunchError(f"the launch of {bundle} ran past launch.timeout ({settings.timeout:.0f} s)",
-                                  bundle=bundle)
-        code = process.wait()
+        reader = threading.Thread(target=_stream, args=(process, tail), name="launch-output", daemon=True)
+        reader.start()
+        try:
+            code = process.wait(timeout=settings.timeout)
+        except subprocess.TimeoutExpired:
+            _stop(process)
+            reader.join(timeout=2.0)
+            raise LaunchError(
+                f"the launch of {bundle} ran past launch.timeout ({settings.timeout:.0f} s); stopped its process "
+                f"group and every process it started (SIGTERM, then SIGKILL after {STOP_GRACE_S:.0f} s). "
+                f"Checkpoints kept in {bundle / RUN_DIR}. Its last output:\n" + "\n".join(list(tail)[-30:]),
+                bundle=bundle) from None
+        reader.join(timeout=5.0)  # a process the launch left behind may still hold the pipe open
     if code != 0:
         raise _failure(bundle, code, list(tail))
+    return _result(bundle, f"the launch of {bundle} exited 0 but rank 0 wrote no {RESULT_FILE}")
+
+
+def _result(bundle: Path, missing: str) -> LaunchResult:
     result_path = bundle / RESULT_FILE
     if not result_path.is_file():
-        raise LaunchError(f"the launch of {bundle} exited 0 but rank 0 wrote no {RESULT_FILE}", bundle=bundle)
+        raise LaunchError(missing, bundle=bundle)
     result = json.loads(result_path.read_text(encoding="utf-8"))
     return LaunchResult(adapter=Path(result["adapter"]), log_history=result["log_history"],
                         world_size=int(result["world_size"]), backend=str(result["backend"]),
                         distributed_type=str(result["distributed_type"]), global_step=int(result["global_step"]),
                         resumed_from=result.get("resumed_from"), bundle=bundle, extra=result.get("extra", {}))
+
+
+LAUNCH_SCRIPT: Final = "launch.sh"
+"""The stock per-machine command of an external launch, written into its bundle."""
+EXIT_CODES_DIR: Final = "exit_codes"
+"""``launch.sh`` writes each machine's exit code here (``machine_<rank>``)."""
+POLL_S = 2.0
+"""How often an external launch's node looks for the result."""
+
+
+def await_external(settings: LaunchSettings, bundle: Path, *, mixed_precision: str = "no") -> LaunchResult:
+    """``launch.mode: external``: the scheduler starts the training, this process only hands the bundle over and
+    reads the result. Writes ``<bundle>/launch.sh`` (accelerate's own launcher of the worker, to run once per
+    machine: ``--machine_rank`` from ``$MACHINE_RANK``, else ``$SLURM_NODEID``, else 0; the rendezvous at
+    ``$MASTER_ADDR``; it records its exit code in ``exit_codes/``), then ``launch.handoff`` (the bundle's folder),
+    and waits for rank 0's ``result.json``, a rank's error report or a failed machine's exit code. No process is
+    started or watched from here; ``launch.timeout`` bounds the wait."""
+    command = launch_command(settings, bundle, mixed_precision=mixed_precision, machine_rank="$rank")
+    exports = {"PYTHONUNBUFFERED": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
+               **({"OMP_NUM_THREADS": str(settings.threads_per_process)} if settings.threads_per_process else {})}
+    codes = bundle / EXIT_CODES_DIR
+    script = bundle / LAUNCH_SCRIPT
+    script.write_text("\n".join([
+        "#!/bin/bash",
+        "# prorag: the training of this bundle; the scheduler runs it once per machine (docs/distributed.md)",
+        "set -uo pipefail",
+        "export " + " ".join(f"{name}={value}" for name, value in exports.items()),
+        'rank=${MACHINE_RANK:-${SLURM_NODEID:-0}}',
+        "code=0",
+        " ".join(part if part.startswith("$") else _quote(part) for part in command) + " || code=$?",
+        f"mkdir -p {_quote(str(codes))} && echo $code > {_quote(str(codes))}/machine_$rank",
+        "exit $code", ""]), encoding="utf-8")
+    script.chmod(0o755)
+    with (bundle / "attempts.jsonl").open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "external": str(script),
+                                 "world_size": settings.world_size, "mlflow": active_mlflow_run()}) + "\n")
+    if settings.handoff:
+        _write_text(Path(settings.handoff), str(bundle))
+    logger.info("waiting for the scheduler to train %s on %d process(es): %s on each machine%s", bundle.name,
+                settings.world_size, script, f" (handed over in {settings.handoff})" if settings.handoff else "")
+    started = time.monotonic()
+    while not (bundle / RESULT_FILE).is_file():
+        failed = {path.name: path.read_text().strip() for path in codes.glob("*")
+                  if path.read_text().strip() not in ("", "0")} if codes.is_dir() else {}
+        if failed or any((bundle / ERRORS_DIR).glob("rank_*.json")):
+            time.sleep(POLL_S)  # the other ranks' reports of the same failure
+            raise _failure(bundle, ", ".join(f"{code} ({name})" for name, code in sorted(failed.items()))
+                           or "an error", [])
+        if settings.timeout and time.monotonic() - started > settings.timeout:
+            raise LaunchError(f"no result in {bundle} within launch.timeout ({settings.timeout:.0f} s): did the "
+                              f"scheduler run {script} on every machine?", bundle=bundle)
+        time.sleep(POLL_S)
+    return _result(bundle, "")
+
+
+def _stream(process: subprocess.Popen[str], tail: deque[str]) -> None:
+    """Log the launch's output line by line (on its own thread: the deadline does not wait for a line)."""
+    assert process.stdout is not None
+    with contextlib.suppress(ValueError, OSError):  # the pipe closed under us when the launch was stopped
+        for line in process.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            logger.info("[launch] %s", line, extra={"markup": False})  # output is text, not rich markup
 
 
 @contextlib.contextmanager
@@ -368,17 +458,74 @@ def _die_with_parent() -> None:
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
-    for signum, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
+    """Stop the launch's process group and every process it started: torch elastic starts each rank in a session of
+    its own, out of the group's reach. SIGTERM to all, SIGKILL to what is left after :data:`STOP_GRACE_S`."""
+    tree = [process.pid, *_descendants(process.pid)]
+    deadline = time.monotonic() + STOP_GRACE_S
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signum)
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        for pid in tree[1:]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        while time.monotonic() < deadline:
+            process.poll()  # reap the launcher: a zombie is not running
+            if not _group_running(process.pid) and not any(_running(pid) for pid in tree[1:]):
+                return
+            time.sleep(0.1)
+        deadline = time.monotonic() + 5.0
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=1.0)
 
 
-def _failure(bundle: Path, code: int, tail: list[str]) -> LaunchError:
+def _descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, their children and so on (Linux ``/proc``; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for child, stat in _processes():
+        children.setdefault(int(stat[1]), []).append(child)
+    found: list[int] = []
+    queue = list(children.get(pid, []))
+    while queue:
+        child = queue.pop()
+        found.append(child)
+        queue.extend(children.get(child, []))
+    return found
+
+
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """``(pid, stat fields after the command name: state, ppid, pgrp, …)`` of every process (Linux ``/proc``)."""
+    for entry in Path("/proc").glob("[0-9]*"):
+        stat = _stat(int(entry.name))
+        if stat is not None:
+            yield int(entry.name), stat
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > 2 else None
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def _group_running(group: int) -> bool:
+    """A process of the process group ``group`` is running (zombies left out; without ``/proc``: it exists)."""
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if not Path("/proc/self/stat").exists():
+        return True
+    return any(stat[2] == str(group) and stat[0] != "Z" for _, stat in _processes())
+
+
+def _failure(bundle: Path, code: int | str, tail: list[str]) -> LaunchError:
     """The error of a failed launch: the rank whose error file is the earliest, with its traceback."""
     reports = []
     for path in sorted((bundle / ERRORS_DIR).glob("rank_*.json")):
@@ -396,10 +543,15 @@ def _failure(bundle: Path, code: int, tail: list[str]) -> LaunchError:
     return LaunchError(message, rank=int(first["rank"]), rank_traceback=first["traceback"], bundle=bundle)
 
 
-def _write_json(path: Path, data: Any) -> None:
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(data, default=str), encoding="utf-8")
+    temporary.write_text(text, encoding="utf-8")
     temporary.replace(path)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    _write_text(path, json.dumps(data, default=str))
 
 
 # ------------------------------------------------------------------------------------------ the stages

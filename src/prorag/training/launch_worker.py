@@ -9,8 +9,11 @@ into the bundle's ``run/`` folder (checkpoints, resumption, adapter), and:
   ``distributed.*`` params and, through the stage's metrics callback, one set of curves; other ranks log nothing;
 * rank 0 writes ``result.json`` (adapter folder, ``log_history``, world size, backend, checkpoint resumed from);
 * a rank that raises writes ``errors/rank_<r>.json`` (time, error, traceback) before exiting non-zero;
-* every rank exits when the launcher process (``$PRORAG_LAUNCHER_PID``) is gone, so ``kill -9`` of the launcher
-  stops the training and leaves its last complete checkpoint to resume from.
+* every rank exits when the process that started it on its own machine (accelerate's local launcher, torchrun's
+  agent, srun's step) is gone, whatever its stdout / stderr do: ``kill -9`` of ``kedro run`` ends its ``accelerate
+  launch`` (SIGTERM on its parent's death), which ends the ranks, leaving the last complete checkpoint to resume
+  from. Nothing watches a process of another machine. ``$PRORAG_EXIT_WITH_PARENT=0`` turns the watch off (a worker
+  started by hand under ``nohup``).
 
 ``$PRORAG_LAUNCH_FAULT`` (tests): ``rank=R,step=S,action=raise`` raises on rank R at the end of step S;
 ``action=sleep:N`` sleeps N seconds there (a window to kill the launcher mid-training).
@@ -32,9 +35,9 @@ from prorag.training.launch import (
     BUNDLE_FILE,
     BUNDLE_FORMAT,
     ERRORS_DIR,
+    EXIT_WITH_PARENT_ENV,
     FAULT_ENV,
     INPUTS_DIR,
-    LAUNCHER_PID_ENV,
     RESULT_FILE,
     RUN_DIR,
 )
@@ -50,22 +53,24 @@ def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _watch_launcher() -> None:
-    """Exit this rank when the launcher process is gone (checked every second)."""
-    pid = int(os.environ.get(LAUNCHER_PID_ENV, "0") or 0)
-    if pid <= 0:
+def _watch_launcher(interval: float = 1.0) -> None:
+    """Exit this rank (137) when the process that started it on this machine is gone (module docstring).
+
+    The parent is ``accelerate launch``'s local launcher or torchrun's agent on every machine; once it is gone the
+    rank is reparented, which :func:`os.getppid` shows. No process id crosses machines, and the exit does not depend
+    on the rank's stdout / stderr: they are the pipe to a launcher that may be dead, so the notice may fail."""
+    if os.environ.get(EXIT_WITH_PARENT_ENV, "1") == "0":
         return
+    parent = os.getppid()
 
     def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                print(f"rank {_rank()}: the launcher (pid {pid}) is gone; stopping", file=sys.stderr, flush=True)
-                os._exit(137)
-            except PermissionError:
-                pass
+        while os.getppid() == parent:
+            time.sleep(interval)
+        threading.Timer(2.0, os._exit, (137,)).start()  # a notice blocked on a full pipe does not keep the rank
+        try:  # the notice may raise (a closed pipe): the exit does not depend on it
+            print(f"rank {_rank()}: its launcher (pid {parent}) is gone; stopping", file=sys.stderr, flush=True)
+        finally:
+            os._exit(137)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 

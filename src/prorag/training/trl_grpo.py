@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -354,6 +354,18 @@ def grpo_dataset(questions: Sequence[Question]) -> Any:
     return Dataset.from_list(rows)
 
 
+def reference_dtype(dtype: str, trainer_args: Mapping[str, Any], *, full_parameters: bool) -> dict[str, Any]:
+    """``model_init_kwargs`` holding a full-parameter run's reference model in the compute ``dtype`` (issue 43 N2).
+
+    TRL builds the reference (``beta`` > 0) in the policy's dtype unless ``model_init_kwargs`` names one, and the
+    policy's weights are fp32 masters; the reference only runs forward under autocast, so fp32 would double its
+    memory for nothing. TRL uses ``model_init_kwargs`` only for the reference here (the policy is passed built).
+    A ``dtype`` set in ``trainer_args.model_init_kwargs`` wins; LoRA has no reference copy."""
+    if not full_parameters:
+        return {}
+    return {"model_init_kwargs": {"dtype": dtype, **(trainer_args.get("model_init_kwargs") or {})}}
+
+
 def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], questions: Sequence[Question],
                        rollout_function: AgentRolloutFunction, checkpoint_dir: str | Path, settings: GRPOSettings, *,
                        adapter_dir: str | Path | None = None, full_parameters: bool = False,
@@ -392,6 +404,7 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
         "remove_unused_columns": False,
         "shuffle_dataset": True,
         **settings.trainer_args,  # validated: no field set above but report_to
+        **reference_dtype(settings.dtype, settings.trainer_args, full_parameters=full_parameters),
     })
     # Full-parameter training keeps fp32 master weights (and fp32 AdamW states) and computes in bf16 under
     # autocast (mixed precision, as verl / DeepSpeed bf16 / FSDP do): an update of ~lr = 1e-6 is below half a
