@@ -4,8 +4,8 @@ logs and MLflow, DAPO's dynamic sampling, and a run killed with SIGKILL that res
 from __future__ import annotations
 
 import itertools
-import math
 import json
+import math
 import os
 import signal
 import subprocess
