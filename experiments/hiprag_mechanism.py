@@ -199,13 +199,14 @@ def paired_rows(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str, *,
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--min-pop", type=float, default=300, help="PopQA s_pop threshold of a 'popular' subject")
+    parser.add_argument("--min-pop", type=float, default=0,
+                        help="PopQA s_pop threshold (0: every question; screening picks the ones the policy knows)")
     parser.add_argument("--screen-limit", type=int, default=None, help="screen only the first N popular questions")
     parser.add_argument("--background", type=int, default=300, help="background passages in the index")
-    parser.add_argument("--sft-steps", type=int, default=20, help="LoRA SFT steps of 4 examples")
+    parser.add_argument("--sft-steps", type=int, default=12, help="LoRA SFT steps of 4 examples")
     parser.add_argument("--sft-lr", type=float, default=1e-3)
-    parser.add_argument("--train-questions", type=int, default=8)
-    parser.add_argument("--eval-questions", type=int, default=30)
+    parser.add_argument("--train-questions", type=int, default=6)
+    parser.add_argument("--eval-questions", type=int, default=60)
     parser.add_argument("--probe-questions", type=int, default=6)
     parser.add_argument("--generations", type=int, default=8, help="G: rollouts per question (probe and GRPO)")
     parser.add_argument("--gate", type=float, default=0.25, help="least share of ratio-shaped probe groups")
@@ -291,8 +292,7 @@ def main(argv: list[str] | None = None) -> None:
     musique = [Question.from_dict(record) for record in read_jsonl(raw / "qa" / "musique_train.jsonl")]
     examples = mixed_hop_examples(musique, seed=seed)
     sft = SFTSettings.model_validate({**params["sft"], "max_steps": args.sft_steps, "learning_rate": args.sft_lr,
-                                      "seed": seed, "per_device_train_batch_size": 4,
-                                      "gradient_accumulation_steps": 1})
+                                      "seed": seed})
     key = hashlib.sha256(json.dumps([sft.model_dump(), policy.model, examples], default=str).encode()).hexdigest()
     sft_dir = work / f"sft_{key[:12]}"
     adapter = sft_dir / "adapter"
@@ -371,9 +371,10 @@ def main(argv: list[str] | None = None) -> None:
                 train_clock = time.perf_counter()
                 rl_adapter, log = train_rl(train, index, str(adapter), run_params, policy, agent, reward)
                 seconds = time.perf_counter() - train_clock
+                rewards = [float(entry["reward"]) for entry in log if "reward" in entry]  # not the summary entry
                 runs.append({"arm": arm, "seed": run_seed, "lambda_p": lambda_p, "train_s": seconds,
-                             "reward_first": log[0].get("reward", math.nan) if log else math.nan,
-                             "reward_last": log[-1].get("reward", math.nan) if log else math.nan})
+                             "reward_first": rewards[0] if rewards else math.nan,
+                             "reward_last": rewards[-1] if rewards else math.nan})
                 eval_clock = time.perf_counter()
                 tables[f"{arm}_seed{run_seed}"] = evaluate(policy.with_trained(rl_adapter), f"{arm}_seed{run_seed}")
                 runs[-1]["eval_s"] = time.perf_counter() - eval_clock
