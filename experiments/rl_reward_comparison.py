@@ -38,9 +38,13 @@ Preset ``--preset cpu_2h`` (issue 18, item 4: ≤ 2 h per arm on this 2-core CPU
 * 30 evaluation questions (10 each of hotpotqa, musique, popqa: ``rollout.questions``), the same in every run.
 * ``--probe 4 8`` trains nothing: it samples groups from the SFT policy on ``--probe-questions`` RL questions as
   GRPO's first step would (temperature, judges and reward from the config) and reports, per group size, CEM, how
-  often the bonus fires, how many groups are uniform (no gradient) and how many the process term changes
-  (``groups shaped``). Run it first: when no group is shaped, both arms make the same updates and the comparison
-  cannot tell the rewards apart, however often the bonus fires.
+  often the bonus fires, how many groups are uniform (no gradient), how many the process term changes (``groups
+  shaped``) and, of those, the *ratio-shaped* ones (two correct, well-formed rollouts whose N_corr/N differ: the
+  only groups in which HiPRAG ranks correct rollouts by their share of optimal steps) apart from the ones it merely
+  re-weights (correct vs wrong vs malformed, no search information), with the mean advantage gap between correct
+  rollouts that did not search and correct ones that did, with λp = 0.4 and with λp = 0. Run it first and go on
+  only when ratio-shaped groups reach 25% at the group size you train with: ``groups shaped`` alone passes on
+  re-weighting and says nothing about search (issue 44).
 * The goal to verify, not a measured figure: the bonus fires in ≥ 10% of training rollouts (the report says whether
   it did). If it does not, the SFT policy is too weak on these questions: train SFT longer first (``kedro run --env
   cpu_long --pipelines=train_sft``), or raise ``--generations`` so that a group holds a correct rollout more often.
@@ -284,13 +288,18 @@ def probe(args: argparse.Namespace, overrides: dict[str, object], out: Path) -> 
         scale_rewards=rl.trainer.scale_rewards))
     table = Table(title=f"Probe: {len(questions)} RL questions from {', '.join(args.sources or ['config'])}, "
                         f"T = {rl.trainer.temperature}, {time.perf_counter() - started:.0f} s")
-    for column in ("group size", "rollouts", "CEM", "bonus fired %", "uniform groups %", "groups shaped %"):
+    def share(value: float) -> str:
+        return "–" if math.isnan(value) else f"{100 * value:.1f}"
+
+    for column in ("group size", "rollouts", "CEM", "correct w/o search %", "bonus fired %", "uniform groups %",
+                   "groups shaped %", "ratio-shaped %", "re-weighted only %", "gap λp=0.4", "gap λp=0"):
         table.add_column(column)
     for row in rows.to_dict("records"):
         table.add_row(str(int(row["group_size"])), str(int(row["rollouts"])), f"{row['cem']:.3f}",
-                      f"{100 * row['bonus_fired']:.1f}", f"{100 * row['uniform_groups']:.1f}",
-                      "–" if math.isnan(row["process_shaped"]) else f"{100 * row['process_shaped']:.1f}")
-    Console(width=max(Console().width, 120)).print(table)
+                      share(row["no_search_correct"]), share(row["bonus_fired"]), share(row["uniform_groups"]),
+                      share(row["process_shaped"]), share(row["ratio_shaped"]), share(row["reweighted"]),
+                      f"{row['gap_with']:+.3f}", f"{row['gap_without']:+.3f}")
+    Console(width=max(Console().width, 180)).print(table)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows.to_csv(out.with_suffix(".csv"), index=False)
     print(f"wrote {out.with_suffix('.csv')}")

@@ -115,6 +115,9 @@ class JudgeSpec(StrictModel):
     f1_threshold: float = Field(default=0.8, gt=0, le=1)
     grounding_threshold: float = Field(default=0.6, gt=0, le=1)
     top_k: PositiveInt = 5
+    equivalence: Literal["f1", "content"] = "f1"
+    """Reference judge: ``content`` also counts a statement whose content words the other contains as equivalent
+    (a one-word answer vs a sentence stating it; :class:`~prorag.judges.reference.ReferenceJudge`)."""
 
     @model_validator(mode="after")
     def _budget_has_a_price(self) -> JudgeSpec:

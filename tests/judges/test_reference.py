@@ -61,6 +61,20 @@ def test_equivalence_by_normalized_match_or_f1():
     assert ReferenceJudge(f1_threshold=0.3).equivalent([("Paris", "The capital of France is Paris.")])[0].value
 
 
+def test_content_equivalence_matches_a_short_answer_with_a_sentence_stating_it():
+    pairs = [("So the answer is actor.", "Will Smith is an American actor, rapper and record producer."),
+             ("So the answer is politician.", "Will Smith is an American actor."),
+             ("So the answer is actor.", "It is so."),  # no content words on one side: not equivalent
+             ("Born in 1946", "Born in 1947")]
+    assert [v.value for v in ReferenceJudge().equivalent(pairs)] == [False, False, False, False]
+    content = ReferenceJudge(equivalence="content")
+    verdicts = content.equivalent(pairs)
+    assert [v.value for v in verdicts] == [True, False, False, False]
+    assert "contained=True" in verdicts[0].raw and "equivalence='content'" in repr(content)
+    with pytest.raises(ValueError, match="equivalence must be one of"):
+        ReferenceJudge(equivalence="cover")  # type: ignore[arg-type]
+
+
 def test_content_tokens_drop_stop_words_and_punctuation():
     assert content_tokens("The conclusion: Spielberg was born in Cincinnati, Ohio!") == {
         "spielberg", "born", "cincinnati", "ohio"}

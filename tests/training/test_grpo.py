@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.retrieval.bm25 import BM25Retriever
 from prorag.retrieval.store import PassageStore
 from prorag.rewards import hierarchical_reward
-from prorag.rewards.diagnostics import grpo_advantages, process_shaped_groups
+from prorag.rewards.diagnostics import grpo_advantages, process_shaped_groups, process_signal
 from prorag.rewards.hiprag import OptimalCount
 from prorag.rewards.registry import build_reward
 from prorag.rewards.scoring import RolloutScorer, ScoredBatch, batch_stats
@@ -392,6 +393,46 @@ def test_process_shaped_leaves_out_unknown_gates_and_other_rewards():
                                  "group") is None
 
 
+def _eligible(rollouts: list[tuple[bool, bool, int, int]]) -> list[bool]:
+    return [a and f for a, f, _, _ in rollouts]
+
+
+# the review of issue 44 at G = 8: {1 x3, 0.2 x2, 0 x3}, every correct N_corr/N = 1 (the term re-weights the levels);
+# three correct with N_corr/N 1, 1/2, 0 (one answered directly, two searched: the term ranks them)
+REWEIGHTED_8 = [RIGHT] * 3 + [(False, True, 1, 1)] * 2 + [BROKEN] * 3
+RANKED_8 = [RIGHT, (True, True, 2, 1), (True, True, 1, 0)] + [(False, True, 1, 1)] * 2 + [BROKEN] * 3
+RANKED_SEARCHED = [False, True, True, True, True, False, False, False]
+
+
+@pytest.mark.parametrize("lambda_p", [0.4, 0.0])
+def test_process_signal_tells_ratio_shaped_groups_from_reweighted_ones(lambda_p):
+    reward = build_reward({"kind": "hiprag", "lambda_p": lambda_p})
+    rollouts = REWEIGHTED_8 + RANKED_8
+    batch = _scored(rollouts, lambda_p)
+    assert process_shaped_groups(batch, reward, 8, "group") == (2.0, 2.0)  # the old gate counts both
+    signal = process_signal(batch, reward, 8, "group", eligible=_eligible(rollouts),
+                            searched=[True] * 8 + RANKED_SEARCHED)
+    assert (signal.groups, signal.ratio_shaped, signal.reweighted) == (2, 1, 1)
+    with_term = grpo_advantages(_scored(RANKED_8, 0.4).totals, 8, "group")  # the correct ones ranked by N_corr/N
+    without = grpo_advantages(_scored(RANKED_8, 0.0).totals, 8, "group")  # ... and tied without the term
+    assert with_term[0] > with_term[1] > with_term[2] and without[0] == pytest.approx(without[2])
+    assert signal.gap_groups == 1
+    assert signal.gap_with == pytest.approx(with_term[0] - (with_term[1] + with_term[2]) / 2)
+    assert signal.gap_with > 0.3 and signal.gap_without == pytest.approx(0.0, abs=1e-3)
+
+
+def test_process_signal_needs_one_flag_per_rollout_and_a_process_term():
+    reward = build_reward({"kind": "hiprag"})
+    batch = _scored(RANKED_8, 0.4)
+    with pytest.raises(ValueError, match="one entry per rollout"):
+        process_signal(batch, reward, 8, "group", eligible=[True], searched=RANKED_SEARCHED)
+    no_group_with_both = process_signal(batch, reward, 8, "group", eligible=_eligible(RANKED_8), searched=[True] * 8)
+    assert no_group_with_both.ratio_shaped == 1 and no_group_with_both.gap_groups == 0
+    assert math.isnan(no_group_with_both.gap_with)
+    assert process_signal(batch, build_reward({"kind": "multistage"}), 8, "group", eligible=_eligible(RANKED_8),
+                          searched=RANKED_SEARCHED) is None
+
+
 def test_probe_groups_samples_the_largest_group_once_and_reports_each_size(questions, retriever, one_torch_thread):
     judge = ReferenceJudge(retriever)
     scorer = hiprag_scorer(judge)
@@ -402,5 +443,8 @@ def test_probe_groups_samples_the_largest_group_once_and_reports_each_size(quest
     for row in rows:
         assert 0.0 <= row["cem"] <= 1.0 and 0.0 <= row["uniform_groups"] <= 1.0
         assert 0.0 <= row["bonus_fired"] <= 1.0 and 0.0 <= row["process_shaped"] <= 1.0
+        assert row["ratio_shaped"] + row["reweighted"] == pytest.approx(row["process_shaped"]) or \
+            row["ratio_shaped"] > 0  # a ratio-shaped group's advantages may move by less than the tolerance
+        assert 0.0 <= row["no_search_correct"] <= row["cem"] and row["gap_groups"] <= row["groups"]
     with pytest.raises(ValueError, match="group sizes must be >= 2"):
         probe_groups(questions[:1], generator, retriever, scorer, AGENT, group_sizes=[1])

@@ -19,7 +19,8 @@ def build_judge(kind: Literal["reference", "llm"], *, retriever: Retriever | Non
                 max_retries: int = 2, temperature: float | None = 0.0, f1_threshold: float = 0.8,
                 grounding_threshold: float = 0.6, top_k: int = 5, requests_per_minute: float | None = None,
                 max_unknown_rate: float | None = None, budget_usd: float | None = None,
-                price_per_million_tokens: dict[str, float] | None = None) -> Judge:
+                price_per_million_tokens: dict[str, float] | None = None,
+                equivalence: Literal["f1", "content"] = "f1") -> Judge:
     """A deterministic reference judge, or an OpenAI-compatible LLM judge whose key is read from the
     environment variable named ``api_key_env`` (never from parameters, never from another variable: unset is an
     error before any request, ``None`` a keyless server) and whose replies are cached in ``cache_path`` (SQLite)
@@ -27,7 +28,7 @@ def build_judge(kind: Literal["reference", "llm"], *, retriever: Retriever | Non
     ``price_per_million_tokens`` (``{input, output}``) are the limits of :mod:`prorag.judges.limits`."""
     if kind == "reference":
         return ReferenceJudge(retriever, f1_threshold=f1_threshold, top_k=top_k,
-                              grounding_threshold=grounding_threshold)
+                              grounding_threshold=grounding_threshold, equivalence=equivalence)
     if kind != "llm":
         raise ValueError(f"unknown judge kind {kind!r} (reference or llm)")
     if not base_url or not model:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Literal
 
 from prorag.judges.base import (
     AnswerItem,
@@ -23,6 +23,9 @@ from prorag.metrics.qa import cover_exact_match, f1_score, normalize_answer
 from prorag.retrieval.base import Hit, Retriever
 
 logger = logging.getLogger(__name__)
+
+Equivalence = Literal["f1", "content"]
+EQUIVALENCES: Final[tuple[str, ...]] = ("f1", "content")
 
 STOP_WORDS: Final = frozenset({
     "a", "about", "above", "according", "after", "again", "against", "all", "also", "am", "an", "and", "answer",
@@ -50,7 +53,9 @@ class ReferenceJudge:
     """A :class:`~prorag.judges.base.Judge` by string matching and retrieval grounding (deterministic).
 
     **Equivalence** (over-search): the two statements are equivalent when their SQuAD-normalized forms are
-    equal or their token F1 is at least ``f1_threshold`` (F1 is symmetric).
+    equal or their token F1 is at least ``f1_threshold`` (F1 is symmetric); ``equivalence="content"`` also when
+    one statement's content tokens are a subset of the other's (a one-word answer and a sentence stating it, which
+    F1 misses: "Paris" vs "The capital is Paris" is F1 0.5).
 
     **Step verification** (under-search): a step is *grounded* — verdict True — when some single passage
     contains at least ``grounding_threshold`` of the conclusion's content tokens (:func:`content_tokens`: the
@@ -79,7 +84,9 @@ class ReferenceJudge:
     """
 
     def __init__(self, retriever: Retriever | None = None, *, f1_threshold: float = 0.8, top_k: int = 5,
-                 grounding_threshold: float = 0.6) -> None:
+                 grounding_threshold: float = 0.6, equivalence: Equivalence = "f1") -> None:
+        if equivalence not in EQUIVALENCES:
+            raise ValueError(f"equivalence must be one of {EQUIVALENCES}, got {equivalence!r}")
         if not 0.0 < f1_threshold <= 1.0:
             raise ValueError(f"f1_threshold must be in (0, 1], got {f1_threshold}")
         if not 0.0 < grounding_threshold <= 1.0:
@@ -90,16 +97,19 @@ class ReferenceJudge:
         self.f1_threshold = f1_threshold
         self.top_k = top_k
         self.grounding_threshold = grounding_threshold
+        self.equivalence = equivalence
 
     def __repr__(self) -> str:
         return (f"ReferenceJudge(retriever={type(self.retriever).__name__ if self.retriever else None}, "
                 f"f1_threshold={self.f1_threshold}, top_k={self.top_k}, "
-                f"grounding_threshold={self.grounding_threshold})")
+                f"grounding_threshold={self.grounding_threshold}, equivalence={self.equivalence!r})")
 
     # ------------------------------------------------------------------------------- equivalence
 
     def equivalent(self, pairs: Sequence[EquivalencePair]) -> list[Verdict]:
-        """Normalized exact match or token F1 ≥ ``f1_threshold``."""
+        """Normalized exact match or token F1 ≥ ``f1_threshold``; with ``equivalence="content"`` also when the
+        content tokens of one statement (:func:`content_tokens`, not empty) all occur in the other: a short answer
+        ("So the answer is actor.") and a sentence that states it ("He is an American actor.")."""
         verdicts = []
         for a, b in check_pairs(pairs):
             left, right = normalize_answer(a), normalize_answer(b)
@@ -108,7 +118,13 @@ class ReferenceJudge:
                 continue
             f1 = f1_score(left, [right])
             same = left == right or f1 >= self.f1_threshold
-            verdicts.append(Verdict(same, raw=f"exact={left == right} f1={f1:.3f}"))
+            raw = f"exact={left == right} f1={f1:.3f}"
+            if self.equivalence == "content":
+                first, second = content_tokens(a), content_tokens(b)
+                contained = bool(first and second) and (first <= second or second <= first)
+                same = same or contained
+                raw += f" contained={contained}"
+            verdicts.append(Verdict(same, raw=raw))
         return verdicts
 
     # --------------------------------------------------------------------------- verification

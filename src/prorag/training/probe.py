@@ -10,7 +10,7 @@ import numpy as np
 
 from prorag.agent.runner import build_engine
 from prorag.metrics.qa import cover_exact_match
-from prorag.rewards.diagnostics import process_shaped_groups, uniform_groups
+from prorag.rewards.diagnostics import process_shaped_groups, process_signal, uniform_groups
 from prorag.rewards.scoring import RolloutScorer, ScoredBatch
 from prorag.specs import AgentSpec, SamplingSpec
 
@@ -29,7 +29,13 @@ def probe_groups(questions: Sequence[Question], generator: Generator, retriever:
 
     Per group size: ``groups``; ``cem`` and ``bonus_fired`` over rollouts; ``uniform_groups`` (all rewards equal:
     no gradient); ``process_shaped`` (:func:`process_shaped_groups`: groups whose advantages eq. 1's process term
-    changes; NaN when not measurable). Sizes a HiPRAG vs Search-R1 run before paying for it.
+    changes; NaN when not measurable), split into ``ratio_shaped`` (groups with two correct, well-formed rollouts
+    whose ``N_corr/N`` differ: HiPRAG's own signal, what a HiPRAG vs Search-R1 run should gate on) and
+    ``reweighted`` (the rest: the term only re-weights correct vs wrong vs malformed), both shares of the groups
+    whose terms are known; ``no_search_correct`` (share of rollouts correct with no retrieval) and the mean
+    advantage gap, correct rollouts that never searched minus correct ones that searched, with the term
+    (``gap_with``) and without it (``gap_without``, Search-R1), over the ``gap_groups`` groups holding both
+    (:func:`~prorag.rewards.diagnostics.process_signal`). Sizes a HiPRAG vs Search-R1 run before paying for it.
     """
     sizes = sorted(set(group_sizes))
     if not sizes or sizes[0] < 2:
@@ -48,13 +54,23 @@ def probe_groups(questions: Sequence[Question], generator: Generator, retriever:
                              [scored.optimal[i] for i in keep] if len(scored.optimal) == len(rollouts) else [],
                              [scored.bonus_fired[i] for i in keep] if scored.bonus_fired is not None else None)
         shaped = process_shaped_groups(subset, scorer.reward, size, scale_rewards)
+        correct = [bool(rollouts[i].format_ok) and cover_exact_match(rollouts[i].answer, rollouts[i].golden_answers)
+                   for i in keep]
+        searched = [rollouts[i].retrieval_count > 0 for i in keep]
+        signal = process_signal(subset, scorer.reward, size, scale_rewards, eligible=correct, searched=searched)
         fired = subset.bonus_fired or []
         results.append({
             "group_size": float(size), "groups": float(len(questions)), "rollouts": float(len(keep)),
             "cem": float(np.mean([cover_exact_match(rollouts[i].answer, rollouts[i].golden_answers) for i in keep])),
             "bonus_fired": float(np.mean([value is True for value in fired])) if fired else float("nan"),
             "uniform_groups": len(uniform_groups(subset.totals, size)) / len(questions),
-            "process_shaped": shaped[0] / shaped[1] if shaped and shaped[1] else float("nan")})
+            "process_shaped": shaped[0] / shaped[1] if shaped and shaped[1] else float("nan"),
+            "ratio_shaped": signal.ratio_shaped / signal.groups if signal and signal.groups else float("nan"),
+            "reweighted": signal.reweighted / signal.groups if signal and signal.groups else float("nan"),
+            "no_search_correct": float(np.mean([ok and not hit for ok, hit in zip(correct, searched, strict=True)])),
+            "gap_with": signal.gap_with if signal else float("nan"),
+            "gap_without": signal.gap_without if signal else float("nan"),
+            "gap_groups": float(signal.gap_groups) if signal else 0.0})
     return results
 
 
