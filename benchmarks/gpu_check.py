@@ -107,11 +107,12 @@ class ChunkedLogprob(torch.autograd.Function):
         picked = torch.empty_like(log_z)
         for rows, h, w, start in _tiles(hidden, weight, tile, dtype):
             z = (h @ w.T).float()
-            tile_z = torch.logsumexp(z, 1)
-            log_z[rows] = tile_z if start == 0 else torch.logaddexp(log_z[rows], tile_z)
             local = targets[rows] - start
             inside = (local >= 0) & (local < len(w))
             picked[rows] = torch.where(inside, z.gather(1, local.clamp(0, len(w) - 1)[:, None])[:, 0], picked[rows])
+            top = z.amax(1, keepdim=True)
+            tile_z = z.sub_(top).exp_().sum(1).log_().add_(top[:, 0])  # in place: one fp32 tile, as TRL's kernel
+            log_z[rows] = tile_z if start == 0 else torch.logaddexp(log_z[rows], tile_z)
         ctx.save_for_backward(hidden, weight, targets, log_z)
         ctx.dtype, ctx.tile = dtype, tile
         return picked - log_z
@@ -123,7 +124,7 @@ class ChunkedLogprob(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for rows, h, w, start in _tiles(hidden, weight, ctx.tile, ctx.dtype):
             g = grad[rows].float()
-            dz = -g[:, None] * torch.exp((h @ w.T).float() - log_z[rows, None])
+            dz = (h @ w.T).float().sub_(log_z[rows, None]).exp_().mul_(-g[:, None])
             local = targets[rows] - start
             inside = ((local >= 0) & (local < len(w))).nonzero()[:, 0]
             dz[inside, local[inside]] += g[inside]
