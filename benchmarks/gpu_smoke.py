@@ -41,6 +41,41 @@ ROOT = Path(__file__).resolve().parents[1]
 RAW = ROOT / "data" / "01_raw"
 
 
+def environment(device: str, **extra: Any) -> dict[str, Any]:
+    """The date, device (its name, memory and capability on CUDA) and library versions a report starts with."""
+    import torch
+
+    info: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                            "python": platform.python_version(), "torch": torch.__version__,
+                            "torch_cuda": torch.version.cuda, "device": device, **extra}
+    if device == "cuda":
+        properties = torch.cuda.get_device_properties(0)
+        info.update(gpu=properties.name, gpu_memory_gib=round(properties.total_memory / 2**30, 1),
+                    capability=f"sm_{properties.major}{properties.minor}", visible_gpus=torch.cuda.device_count())
+    for name in ("transformers", "trl", "peft", "accelerate", "deepspeed", "sentence_transformers", "faiss"):
+        try:
+            module = __import__(name)
+            info[name] = getattr(module, "__version__", "?")
+        except Exception:  # absent, or broken beside this torch: the report says None
+            info[name] = None
+    return info
+
+
+def write_report(out: Path, title: str, environment: dict[str, Any], steps: list[dict[str, Any]]) -> list[str]:
+    """``report.json`` and ``report.md`` (one table row per step) in ``out``; returns the failed steps' names."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps({"environment": environment, "steps": steps}, indent=2))
+    lines = [f"# {title} — {environment['date']} — {environment.get('gpu', environment['device'])}", "",
+             "| step | status | seconds | peak GPU GiB | details |", "| --- | --- | --- | --- | --- |"]
+    for step in steps:
+        details = {key: value for key, value in step.items()
+                   if key not in {"step", "status", "seconds", "peak_gpu_gib", "traceback"}}
+        lines.append(f"| {step['step']} | {step['status']} | {step['seconds']} | {step.get('peak_gpu_gib', '-')} | "
+                     f"{json.dumps(details)} |")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return [step["step"] for step in steps if step["status"] == "failed"]
+
+
 class Smoke:
     """Runs the steps on one device and collects the report."""
 
@@ -59,22 +94,7 @@ class Smoke:
         self.steps: list[dict[str, Any]] = []
 
     def environment(self) -> dict[str, Any]:
-        torch = self.torch
-        info: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                                "python": platform.python_version(), "torch": torch.__version__,
-                                "torch_cuda": torch.version.cuda, "device": self.device, "model": self.model}
-        if self.cuda:
-            properties = torch.cuda.get_device_properties(0)
-            info.update(gpu=properties.name, gpu_memory_gib=round(properties.total_memory / 2**30, 1),
-                        capability=f"sm_{properties.major}{properties.minor}",
-                        visible_gpus=torch.cuda.device_count())
-        for name in ("transformers", "trl", "peft", "accelerate", "sentence_transformers", "faiss"):
-            try:
-                module = __import__(name)
-                info[name] = getattr(module, "__version__", "?")
-            except ImportError:
-                info[name] = None
-        return info
+        return environment(self.device, model=self.model)
 
     def run(self, name: str, step: Callable[[], dict[str, Any]]) -> None:
         torch = self.torch
@@ -276,18 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown step {name!r} (known: {', '.join(STEPS)})")
         smoke.run(name, getattr(smoke, name))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    report = {"environment": environment, "steps": smoke.steps}
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    lines = [f"# GPU smoke test — {environment['date']} — {environment.get('gpu', environment['device'])}", "",
-             "| step | status | seconds | peak GPU GiB | details |", "| --- | --- | --- | --- | --- |"]
-    for step in smoke.steps:
-        details = {key: value for key, value in step.items()
-                   if key not in {"step", "status", "seconds", "peak_gpu_gib", "traceback"}}
-        lines.append(f"| {step['step']} | {step['status']} | {step['seconds']} | {step.get('peak_gpu_gib', '-')} | "
-                     f"{json.dumps(details)} |")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    failed = [step["step"] for step in smoke.steps if step["status"] == "failed"]
+    failed = write_report(out, "GPU smoke test", environment, smoke.steps)
     print(f"report: {out / 'report.md'}; failed: {failed or 'none'}")
     return 1 if failed else 0
 

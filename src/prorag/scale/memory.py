@@ -30,9 +30,10 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from prorag.scale.placement import PlacementSpec
+if TYPE_CHECKING:  # the arithmetic imports without pydantic: benchmarks/gpu_check.py runs where only torch is
+    from prorag.scale.placement import PlacementSpec
 
 logger = logging.getLogger(__name__)
 
