@@ -320,19 +320,20 @@ class AgentGRPOTrainer(GRPOTrainerHooks):
             self._drop_uniform_groups(output)
 
     def _drop_uniform_groups(self, output: dict[str, Any]) -> None:
+        """DAPO's dynamic sampling: groups whose advantages are all zero leave the loss, and the loss is normalized
+        by the tokens that remain. Every rank joins the one collective (the recount), whatever it dropped: a rank
+        that returned early while another gathered would hang NCCL (issue 43 N3)."""
         advantages = output["advantages"]
         size = self.num_generations
         if advantages.shape[0] % size:
             logger.warning("dynamic sampling skipped: %d local completions are not whole groups of %d",
                            advantages.shape[0], size)
-            return
-        uniform = (advantages.view(-1, size).abs() < 1e-8).all(dim=1)
-        dropped = float(uniform.float().mean())
-        self.log_metric("dapo/dropped_group_fraction", dropped, mode="train")
-        if not uniform.any() or uniform.all():  # nothing to drop, or nothing would remain (zero loss anyway)
-            return
-        keep = (~uniform).repeat_interleave(size).to(output["completion_mask"].dtype).unsqueeze(1)
-        output["completion_mask"] = output["completion_mask"] * keep
+        else:
+            uniform = (advantages.view(-1, size).abs() < 1e-8).all(dim=1)
+            self.log_metric("dapo/dropped_group_fraction", float(uniform.float().mean()), mode="train")
+            if uniform.any() and not uniform.all():  # all uniform: nothing would remain (its loss is zero anyway)
+                keep = (~uniform).repeat_interleave(size).to(output["completion_mask"].dtype).unsqueeze(1)
+                output["completion_mask"] = output["completion_mask"] * keep
         loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
