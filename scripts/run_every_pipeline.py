@@ -62,6 +62,7 @@ TINY: dict[str, Any] = {
     "rl.trainer.max_steps": 1,
     "rl.trainer.num_generations": 2,
     "rl.trainer.per_device_train_batch_size": 2,
+    "rl.trainer.gradient_accumulation_steps": 1,   # one generation batch of 1 question x 2 generations
     "rl.generation_batch_size": 2,
     "dpo.trainer.max_steps": 1,
     "tearag.sft_data.max_questions": 4,

@@ -326,6 +326,31 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, one_torch_threa
     assert (out / "adapter" / "adapter_config.json").is_file()
 
 
+def test_the_policy_is_freed_when_train_grpo_lora_returns(questions, retriever, tmp_path, one_torch_thread):
+    """`make train` runs every stage in one process: the GRPO policy (held in reference cycles by TRL's patched
+    forward and the trainer) must not stay alive into the trained-policy rollouts, even with the cyclic collector
+    idle."""
+    import gc
+    import weakref
+
+    from transformers import TrainerCallback
+
+    refs: list[weakref.ref] = []
+
+    class Recorder(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            refs.extend(weakref.ref(module) for module in (model, model.get_base_model()))
+
+    function = AgentRolloutFunction(questions, retriever, KeyedScorer(None), AGENT, seed=0, batch_size=4)
+    gc.disable()
+    try:
+        train_grpo_lora(BUNDLED_TINY_LLAMA, questions, function, tmp_path, _settings(max_steps=1, save_steps=1),
+                        callbacks=[Recorder()])
+        assert len(refs) == 2 and [ref() for ref in refs] == [None, None]
+    finally:
+        gc.enable()
+
+
 def test_full_parameter_training_from_the_instruct_model_saves_a_loadable_model(questions, retriever, tmp_path,
                                                                                  one_torch_thread):
     from prorag.assembly import build_policy

@@ -173,3 +173,31 @@ def test_mixed_precision_computes_in_bf16_over_fp32_weights(one_torch_thread, to
                                target_modules=["down_proj"], mixed_precision=mixed_precision),
                    callbacks=[RecordDtypes()])
     assert seen == {"weights": "torch.float32", "output": computed_in}
+
+
+
+def test_the_trained_model_is_freed_when_train_sft_lora_returns(one_torch_thread, tokenizer, musique, tmp_path):
+    """`make train` runs every stage in one process: the SFT model (held in reference cycles by TRL's patched
+    forward and the trainer) must not stay alive into the next stage, even with the cyclic collector idle."""
+    import gc
+    import weakref
+
+    from transformers import TrainerCallback
+
+    refs: list[weakref.ref] = []
+
+    class Recorder(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            refs.extend(weakref.ref(module) for module in (model, model.get_base_model()))
+
+    trajectory = synthesize_musique(musique[0], None, rng=random.Random(0), protocol="hiprag")
+    example = build_sft_example(tokenizer, trajectory.question, trajectory.completion, protocol="hiprag",
+                                few_shot=False)
+    gc.disable()
+    try:
+        train_sft_lora(BUNDLED_TINY_LLAMA, [example], tmp_path / "sft",
+                       SFTSettings(lora_r=4, lora_alpha=8, max_steps=1, per_device_train_batch_size=1),
+                       callbacks=[Recorder()])
+        assert len(refs) == 2 and [ref() for ref in refs] == [None, None]
+    finally:
+        gc.enable()

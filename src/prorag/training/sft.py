@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from prorag.llm.generation import render_chat
+from prorag.memory import release_memory
 from prorag.protocol.base import ProtocolAdapter
 from prorag.protocol.registry import build_adapter
 from prorag.training.checkpoints import CHECKPOINTS, checkpoint_arguments, save_adapter, train_resumable
@@ -129,4 +130,7 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     adapter_dir = save_adapter(trainer, output / "adapter")
     logger.info("saved the LoRA adapter of %s to %s after %d steps", model_spec, adapter_dir,
                 trainer.state.global_step)
-    return adapter_dir, list(trainer.state.log_history)
+    history = list(trainer.state.log_history)
+    del trainer, model
+    release_memory("SFT")  # the model, optimizer and activations' heap, before the next stage
+    return adapter_dir, history

@@ -49,6 +49,7 @@ from prorag.llm.generation import Generator
 from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
 from prorag.llm.registry import make_adapter_portable
 from prorag.llm.transformers_backend import TransformersGenerator
+from prorag.memory import release_memory
 from prorag.rewards.diagnostics import process_shaped_groups
 from prorag.rewards.scoring import Ratio
 from prorag.specs import AgentSpec, SamplingSpec
@@ -474,4 +475,7 @@ def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
         (output / COMPLETED_MARKER).write_text(json.dumps({"global_step": trainer.state.global_step}))
     trainer.accelerator.wait_for_everyone()
     logger.info("saved the GRPO LoRA adapter to %s after %d steps", adapter, trainer.state.global_step)
-    return adapter, list(trainer.state.log_history)
+    history = list(trainer.state.log_history)
+    del trainer
+    release_memory("GRPO")  # the policy, optimizer and activations' heap, before the next stage
+    return adapter, history

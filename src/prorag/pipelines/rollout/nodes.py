@@ -9,6 +9,7 @@ from typing import Any
 from prorag.agent import Rollout, build_runner, record_policy
 from prorag.assembly import build_policy, build_retriever
 from prorag.data import Question, pick_questions
+from prorag.memory import release_memory
 from prorag.pipelines.rollout.params import RolloutParams
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import MethodSpec, PolicySpec, TrainedAgentSpec
@@ -112,7 +113,13 @@ def gather_trajectories(base: list[dict[str, Any]], **artifacts: Any) -> list[di
 
 def _run_methods(methods: list[MethodSpec], question_records: list[dict[str, Any]], index: RetrievalIndex,
                  params: RolloutParams, policy: PolicySpec) -> list[dict[str, Any]]:
-    questions = [Question.from_dict(record) for record in question_records]
+    rollouts = _roll_out(methods, [Question.from_dict(record) for record in question_records], index, params, policy)
+    release_memory("rollouts")  # the policy and its KV cache, before the next stage
+    return [rollout.to_dict() for rollout in record_policy(rollouts, policy)]
+
+
+def _roll_out(methods: list[MethodSpec], questions: list[Question], index: RetrievalIndex, params: RolloutParams,
+              policy: PolicySpec) -> list[Rollout]:
     retriever = build_retriever(params.retriever, index)
     generator = build_policy(policy)
     rollouts: list[Rollout] = []
@@ -120,4 +127,4 @@ def _run_methods(methods: list[MethodSpec], question_records: list[dict[str, Any
         runner = build_runner(method, generator, retriever, top_k=params.retriever.top_k, sampling=params,
                               samples=params.samples)
         rollouts.extend(runner(questions))
-    return [rollout.to_dict() for rollout in record_policy(rollouts, policy)]
+    return rollouts
