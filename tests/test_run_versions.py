@@ -118,6 +118,19 @@ def test_a_pinned_version_that_is_not_stored_is_an_error_naming_the_stored_ones(
         choose_load_versions({"x": []}, manifests, {"x": C})
 
 
+def test_a_pin_on_a_dataset_the_run_writes_is_refused_before_any_work(tmp_path):
+    run(tmp_path, A, INDEXING, {"index_questions": [{"q": "A"}], "retrieval_index": [{"index": "A"}]})
+    # Kedro would load the pinned index_questions of A in roll_out, beside this run's own retrieval_index (bug 7)
+    with pytest.raises(RunVersionError, match=rf"^--load-versions=index_questions:{A}: index_questions is written "
+                                              rf"by this run; --load-versions pins inputs only"):
+        run(tmp_path, C, INDEXING + ROLLOUT, {"index_questions": [{"q": "C"}]},
+            load_versions={"index_questions": A})
+    assert not (tmp_path / RUN_MANIFEST_DIR / f"{C}.json").exists()
+    assert not (tmp_path / "data" / "index_questions.jsonl" / C).exists()
+    loaded = run(tmp_path, D, ROLLOUT, {"trajectories": []}, load_versions={"index_questions": A})  # an input: pinned
+    assert loaded["index_questions"] == [{"q": "A"}] and manifest(tmp_path, D)["loaded"]["index_questions"] == A
+
+
 KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
     from kedro.io import DataCatalog

@@ -49,7 +49,13 @@ from prorag.tracking.missing_inputs import (
     producers,
 )
 from prorag.tracking.model_reference import BackgroundUploads, log_model_folder
-from prorag.tracking.run_manifest import RunManifest, RunManifests, choose_load_versions, process_alive
+from prorag.tracking.run_manifest import (
+    RunManifest,
+    RunManifests,
+    RunVersionError,
+    choose_load_versions,
+    process_alive,
+)
 from prorag.tracking.runs import (
     ADAPTER_TAG,
     BASE_MODEL_TAG,
@@ -192,6 +198,7 @@ class RunVersionHook:
                      if (dataset := _versioned(catalog, name)) is not None}
         available = {name: stored_versions(dataset) for name, dataset in versioned.items()}
         pins = run_params.get("load_versions") or {}
+        refuse_pinned_outputs(pins, pipeline)
         optional = optional_inputs(pipeline) & set(versioned)
         required = {name: versions for name, versions in available.items() if name not in optional}
         check_inputs_have_versions([name for name, versions in required.items() if not versions and name not in pins],
@@ -242,6 +249,18 @@ class RunVersionHook:
         self._manifest.finished_at = time.time()
         self._manifests.write(self._manifest)
         self._manifest = None
+
+
+def refuse_pinned_outputs(pins: Mapping[str, str], pipeline: Pipeline) -> None:
+    """Refuses a ``--load-versions`` pin on a dataset that ``pipeline`` writes: Kedro would load the pinned (another
+    run's) version wherever the run reads it back, beside this run's own outputs, and the manifest would record
+    neither (issue 47, bug 7)."""
+    written = sorted(set(pins) & pipeline.all_outputs())
+    if written:
+        pinned = ", ".join(f"{name}:{pins[name]}" for name in written)
+        raise RunVersionError(f"--load-versions={pinned}: {', '.join(written)} "
+                              f"{'is' if len(written) == 1 else 'are'} written by this run; --load-versions pins "
+                              f"inputs only (run the pipelines that read it without the one that writes it)")
 
 
 OPTIONAL_ARTIFACTS: Final = "artifacts"
