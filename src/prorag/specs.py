@@ -10,8 +10,9 @@
 * :class:`MethodSpec` — one method evaluated side by side (a baseline or an agent); :class:`MethodSettings` is
   the same without its name.
 
-A protocol is a ``str`` checked against :func:`prorag.protocol.registry.protocol_names`, so a protocol registered
-by a user is accepted without editing this module.
+A protocol is a ``str`` checked by :func:`prorag.protocol.registry.adapter_factory`, so a protocol registered by a
+user, or named by its adapter's dotted path (``my_package.protocols:MyAdapter``), is accepted without editing this
+module.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pydantic import Field, field_validator, model_validator
 from prorag.config import Dtype, PositiveInt, Seed, StrictModel
 from prorag.llm.registry import BUNDLED_SMOLLM2
 from prorag.llm.served import TrainedServerSpec
-from prorag.protocol.registry import protocol_names
+from prorag.protocol.registry import adapter_factory
 
 RetrieverKind = Literal["dense", "bm25", "hybrid", "kag", "kag_concat"]
 """Retrievers over a :class:`~prorag.retrieval.RetrievalIndex`; a new retriever adds its name here."""
@@ -34,8 +35,7 @@ DEFAULT_JUDGE_CACHE: Final = "data/02_intermediate/judge_cache.sqlite"
 
 
 def _known_protocol(name: str) -> str:
-    if name not in protocol_names():
-        raise ValueError(f"unknown protocol {name!r} (known: {', '.join(protocol_names())})")
+    adapter_factory(name)  # an unknown name or a dotted path that does not import: an error saying which
     return name
 
 
