@@ -9,10 +9,10 @@ import pytest
 from pydantic import BaseModel
 
 from prorag.config import ParameterError, validate_parameters
+from prorag.config_loader import CONFIG_LOADER_ARGS
 from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.pipeline_registry import register_pipelines
 from prorag.pipelines.parameter_schemas import PARAMETER_SCHEMAS, all_parameter_schemas
-from prorag.settings import CONFIG_LOADER_ARGS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SHARED = {"policy": "model", "agent": "protocol", "reward": "lambda_p"}
@@ -282,7 +282,7 @@ def test_the_parameters_kedro_types_for_the_run_validate_again_before_it(env):
     from kedro.framework.session import KedroSession
     from kedro.framework.startup import bootstrap_project
 
-    from prorag.hooks import ParameterValidationHook
+    from prorag.hooks.validation import ParameterValidationHook
 
     root = CONF.parent
     bootstrap_project(root)

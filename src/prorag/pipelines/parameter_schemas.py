@@ -1,7 +1,7 @@
 """Every top-level parameter key and the schema that owns it — one explicit list (a new pipeline adds a line).
 
-The validation hook (:class:`prorag.hooks.ParameterValidationHook`) checks the whole parameter tree against it
-before a run; nodes annotate their ``params:<key>`` arguments with the same schemas.
+The validation hook (:class:`prorag.hooks.validation.ParameterValidationHook`) checks the whole parameter tree
+against it before a run; nodes annotate their ``params:<key>`` arguments with the same schemas.
 """
 
 from __future__ import annotations
