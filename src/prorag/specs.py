@@ -1,5 +1,6 @@
 """Typed specs of the settings that several pipelines read — declared once, imported everywhere, never copied.
 
+* :class:`ComputeSpec` — the dtype and device every model block shares (top-level ``compute``);
 * :class:`PolicySpec` — the policy model and where it runs (top-level ``policy`` parameters);
 * :class:`RetrieverSpec` — which retriever over the index (or a retrieval server), and how many passages;
 * :class:`JudgeSpec` — one over- or under-search judge;
@@ -37,6 +38,17 @@ DEFAULT_JUDGE_CACHE: Final = "data/02_intermediate/judge_cache.sqlite"
 def _known_protocol(name: str) -> str:
     adapter_factory(name)  # an unknown name or a dotted path that does not import: an error saying which
     return name
+
+
+class ComputeSpec(StrictModel):
+    """``compute``: how every model is held and where the trainers run, declared once per env.
+    :func:`prorag.methods.resolve_parameters` writes ``dtype`` into every block that loads a model and ``use_cpu``
+    into every trainer block (:data:`prorag.methods.COMPUTE_BLOCKS`) that does not set its own."""
+
+    dtype: Dtype = "float32"
+    """The weights' dtype of the policy, the KG extractor and every trainer."""
+    use_cpu: bool = True
+    """Every trainer on the CPU (false: one CUDA device, ``placement.trainer_gpu``)."""
 
 
 class PolicySpec(StrictModel):
