@@ -145,7 +145,7 @@ def run_order(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] 
     to run; failing that, the first whose loads belong together; failing that, the first ready one (its run will
     say why). ``versioned`` names the versioned datasets (None: every dataset a pipeline writes). A need that only
     a pipeline waiting on the reader writes is an error naming it."""
-    from prorag.hooks import optional_inputs
+    from prorag.hooks.run_versions import optional_inputs
     from prorag.tracking.run_manifest import lineage_conflicts
 
     names = list(pipelines)

@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stop-on-failure", action="store_true", help="run nothing after a failing run")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
-    from prorag.pipeline_registry import configured_methods
+    from prorag.config_loader import configured_methods
 
     pipelines = plan(configured_methods(ROOT), args.methods)
     if args.dry_run:

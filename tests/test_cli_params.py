@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from kedro.framework.cli.project import run
 from kedro.framework.session import KedroSession
 
+from prorag.config_loader import CONFIG_LOADER_ARGS
 from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
-from prorag.settings import CONFIG_LOADER_ARGS
 
 TWO_FILES = ["data/01_raw/qa/hotpotqa.jsonl", "data/01_raw/qa/nq.jsonl"]
 

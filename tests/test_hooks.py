@@ -15,7 +15,8 @@ from kedro_datasets.json import JSONDataset
 
 from prorag.config import ParameterError
 from prorag.datasets import DirectoryDataset, JSONLinesDataset
-from prorag.hooks import RUN_MANIFEST_DIR, MlflowTrackingHook, RunVersionHook
+from prorag.hooks.mlflow_tracking import MlflowTrackingHook
+from prorag.hooks.run_versions import RUN_MANIFEST_DIR, RunVersionHook
 from prorag.tracking.missing_inputs import MissingInputError
 
 SAVE_VERSION = "2026-01-01T00.00.00.000Z"

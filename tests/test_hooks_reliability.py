@@ -17,8 +17,9 @@ import mlflow
 from kedro.io import DataCatalog
 from kedro.pipeline import Pipeline
 
-from prorag.hooks import RUN_MANIFEST_DIR, MlflowTrackingHook, RunVersionHook
-from prorag.tracking.timing import NodeTimingHook
+from prorag.hooks.mlflow_tracking import MlflowTrackingHook
+from prorag.hooks.run_versions import RUN_MANIFEST_DIR, RunVersionHook
+from prorag.hooks.timing import NodeTimingHook
 
 
 def _manifest(root: Path, run_id: str) -> dict:
@@ -45,7 +46,8 @@ SIGKILLED_RUN = textwrap.dedent("""
     import os, signal, sys
     from kedro.io import DataCatalog
     from kedro.pipeline import Pipeline
-    from prorag.hooks import MlflowTrackingHook, RunVersionHook
+    from prorag.hooks.mlflow_tracking import MlflowTrackingHook
+    from prorag.hooks.run_versions import RunVersionHook
     catalog = DataCatalog({})
     params = {"run_id": sys.argv[1], "project_path": sys.argv[2], "pipeline_names": ["long"]}
     for hook in (MlflowTrackingHook(), RunVersionHook()):

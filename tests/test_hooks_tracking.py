@@ -18,7 +18,7 @@ from kedro.runner import SequentialRunner
 
 from prorag.agent.trajectory import Rollout, Segment
 from prorag.datasets import DirectoryDataset, JSONLinesDataset
-from prorag.hooks import MlflowTrackingHook
+from prorag.hooks.mlflow_tracking import MlflowTrackingHook
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.specs import PolicySpec
 
@@ -229,7 +229,7 @@ def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
 def test_a_method_run_carries_its_own_entry_of_the_methods_and_arms_lists():
     """The run of ``direct`` logs the rollout block with its own entry only, not the agent settings of its sibling
     methods (which made ``direct`` look like it ran with HiPRAG's budgets)."""
-    from prorag.hooks import _own_entry
+    from prorag.hooks.mlflow_tracking import _own_entry
 
     rollout = {"temperature": 0.0, "methods": [{"name": "direct", "kind": "direct", "max_new_tokens": 32},
                                                {"name": "hiprag_agent", "kind": "agent", "step_budget": 3}]}

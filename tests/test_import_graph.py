@@ -282,3 +282,14 @@ def test_the_trl_adapter_is_imported_by_its_callers_only():
     assert importers <= TRL_GRPO_CALLERS, sorted(importers - TRL_GRPO_CALLERS)
     for sibling in ("prorag.training.dapo", "prorag.training.probe", "prorag.rewards", "prorag.agent"):
         assert not any(edge.source.startswith(sibling) and edge.target == TRL_GRPO for edge in _edges()), sibling
+
+
+def test_the_application_floor_forms_no_cycle_even_through_deferred_imports() -> None:
+    """``hooks`` -> ``pipeline_registry`` -> ``settings`` -> ``hooks`` was a circle hidden behind a function-level
+    import (issue 45, item 5): the hooks, the registry, the settings and the config loader import downwards only."""
+    edges = [edge for edge in _runtime_edges() if not edge.type_only]
+    graph: dict[str, set[str]] = defaultdict(set)
+    for edge in edges:
+        graph[edge.source].add(edge.target)
+    cycles = _cycles(graph)
+    assert not cycles, "modules import each other (some deferred):\n" + _describe(cycles, edges, lambda m: m)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from kedro.pipeline import Pipeline
 
+from prorag.config_loader import CONFIG_LOADER_ARGS
 from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.pipeline_registry import register_pipelines
 from prorag.pipelines import tags
-from prorag.settings import CONFIG_LOADER_ARGS
 
 LAYERS = ("raw", "intermediate", "primary", "feature", "model_input", "models", "model_output", "reporting")
 """Kedro's data-engineering convention, in order."""
@@ -350,3 +350,31 @@ def test_reasonrag_stage_pipelines_run_alone_explore_with_and_continue_the_recip
         within = {node.name: sorted(node.inputs) for node in pipelines["train_reasonrag"].nodes if node.name in alone}
         assert alone == within, stage
     assert cold_start_adapter("reasonrag", {"recipe": "mcts_dpo"}) is None
+
+
+def test_conf_is_read_once_for_the_validation_hook_and_the_pipelines(monkeypatch, tmp_path):
+    """One ``kedro run`` builds its pipelines from one read of conf/base + conf/local: the validation hook's
+    method check and the registry share it (issue 45, item 5); a changed file is read afresh."""
+    import shutil
+
+    from prorag import config_loader, pipeline_registry
+
+    shutil.copytree(Path(__file__).resolve().parents[1] / "conf", tmp_path / "conf")
+    reads: list[str] = []
+    original = config_loader.ProjectConfigLoader.__getitem__
+
+    def counted(self: config_loader.ProjectConfigLoader, key: str) -> dict:
+        if key == "parameters":
+            reads.append(str(self.conf_source))
+        return original(self, key)
+
+    monkeypatch.setattr(config_loader.ProjectConfigLoader, "__getitem__", counted)
+    monkeypatch.chdir(tmp_path)
+    first = config_loader.configured_methods(tmp_path)  # what the validation hook reads
+    first["hiprag"]["recipe"] = "changed by a caller"
+    built = pipeline_registry.register_pipelines()
+    assert reads == [str(tmp_path / "conf")] and "train_hiprag" in built
+    assert config_loader.configured_methods(tmp_path)["hiprag"]["recipe"] == "sft_rl"  # a copy each time
+    (tmp_path / "conf" / "local" / "parameters_methods.yml").write_text(
+        "methods:\n  extra:\n    recipe: rl_from_sft\n    adapter: extra_adapter\n", encoding="utf-8")
+    assert "extra" in config_loader.configured_methods(tmp_path) and len(reads) == 2

@@ -21,7 +21,7 @@ from kedro.io import DataCatalog, Version
 from kedro.pipeline import Pipeline, node
 
 from prorag.datasets import JSONLinesDataset
-from prorag.hooks import RUN_MANIFEST_DIR, RunVersionHook
+from prorag.hooks.run_versions import RUN_MANIFEST_DIR, RunVersionHook
 from prorag.tracking.run_manifest import RunManifest, RunManifests, RunVersionError, choose_load_versions
 
 A, B, C, D, E, F = (f"2026-01-0{day}T00.00.00.000Z" for day in range(1, 7))
@@ -118,11 +118,25 @@ def test_a_pinned_version_that_is_not_stored_is_an_error_naming_the_stored_ones(
         choose_load_versions({"x": []}, manifests, {"x": C})
 
 
+def test_a_pin_on_a_dataset_the_run_writes_is_refused_before_any_work(tmp_path):
+    run(tmp_path, A, INDEXING, {"index_questions": [{"q": "A"}], "retrieval_index": [{"index": "A"}]})
+    # Kedro would load the pinned index_questions of A in roll_out, beside this run's own retrieval_index (bug 7)
+    with pytest.raises(RunVersionError, match=rf"^--load-versions=index_questions:{A}: index_questions is written "
+                                              rf"by this run; --load-versions pins inputs only"):
+        run(tmp_path, C, INDEXING + ROLLOUT, {"index_questions": [{"q": "C"}]},
+            load_versions={"index_questions": A})
+    assert not (tmp_path / RUN_MANIFEST_DIR / f"{C}.json").exists()
+    assert not (tmp_path / "data" / "index_questions.jsonl" / C).exists()
+    loaded = run(tmp_path, D, ROLLOUT, {"trajectories": []}, load_versions={"index_questions": A})  # an input: pinned
+    assert loaded["index_questions"] == [{"q": "A"}] and manifest(tmp_path, D)["loaded"]["index_questions"] == A
+
+
 KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
     from kedro.io import DataCatalog
     from kedro.pipeline import Pipeline
-    from prorag.hooks import MlflowTrackingHook, RunVersionHook
+    from prorag.hooks.mlflow_tracking import MlflowTrackingHook
+    from prorag.hooks.run_versions import RunVersionHook
     catalog = DataCatalog({})
     params = {"run_id": sys.argv[1], "project_path": sys.argv[2], "pipeline_names": ["long"]}
     hooks = [MlflowTrackingHook(), RunVersionHook()]
@@ -151,7 +165,7 @@ def test_compare_s_adapters_are_pinned_one_by_one_and_missing_ones_say_why(tmp_p
     runs, or that has none, loads as Missing with the reason (compare lists the arm as skipped), never as the
     failed run's adapter; a required input without a version still fails the run."""
     from prorag.datasets import OptionalVersionDataset
-    from prorag.hooks import optional_inputs
+    from prorag.hooks.run_versions import optional_inputs
     from prorag.tracking.missing_inputs import Available, Missing
 
     adapters = ("sft_adapter", "dpo_adapter", "rl_adapter", "tearag_adapter")
@@ -198,7 +212,7 @@ def test_compare_s_adapters_are_pinned_one_by_one_and_missing_ones_say_why(tmp_p
         return loaded
 
     # no registered pipelines, whichever project another test of this worker configured
-    monkeypatch.setattr("prorag.hooks._registered_pipeline_shapes", lambda: [])
+    monkeypatch.setattr("prorag.hooks.run_versions._registered_pipeline_shapes", lambda: [])
     loaded = compare_run(F)
     assert loaded["sft_adapter"] == Available([{"adapter": A}], A)
     assert loaded["rl_adapter"] == Available([{"adapter": E}], E)

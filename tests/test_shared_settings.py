@@ -9,10 +9,10 @@ import pytest
 from pydantic import BaseModel
 
 from prorag.config import ParameterError, validate_parameters
+from prorag.config_loader import CONFIG_LOADER_ARGS
 from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.pipeline_registry import register_pipelines
 from prorag.pipelines.parameter_schemas import PARAMETER_SCHEMAS, all_parameter_schemas
-from prorag.settings import CONFIG_LOADER_ARGS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SHARED = {"policy": "model", "agent": "protocol", "reward": "lambda_p"}
@@ -282,7 +282,7 @@ def test_the_parameters_kedro_types_for_the_run_validate_again_before_it(env):
     from kedro.framework.session import KedroSession
     from kedro.framework.startup import bootstrap_project
 
-    from prorag.hooks import ParameterValidationHook
+    from prorag.hooks.validation import ParameterValidationHook
 
     root = CONF.parent
     bootstrap_project(root)
@@ -322,10 +322,6 @@ def test_every_endpoint_of_every_env_pairs_its_key(env):
             api_key_from_env(variable, endpoint=path, base_url=url)
 
 
-TRAINER_DTYPES = ("sft.dtype", "rl.trainer.dtype", "dpo.trainer.dtype", "tearag.sft.dtype",
-                  "tearag.ip_dpo.trainer.dtype")
-
-
 def _at(tree: object, dotted: str) -> object:
     """The value at a dotted path, or None where the path does not exist."""
     for part in dotted.split("."):
@@ -335,15 +331,111 @@ def _at(tree: object, dotted: str) -> object:
     return tree
 
 
+def _stage_blocks(parameters: dict) -> dict[str, dict]:
+    """The top-level parameters and every method's stage blocks, by the prefix of their paths."""
+    return {"": parameters} | {f"methods.{name}.stages.": method.get("stages") or {}
+                               for name, method in parameters["methods"].items()}
+
+
 @pytest.mark.parametrize("env", sorted(ENVS))
-def test_every_trainer_trains_in_the_policy_dtype(env):
-    """The trainers' dtype is written per block (Kedro resolves ``${policy.dtype}`` within each env before the envs
-    merge, so an interpolation in conf/base would keep base's float32 under --env gpu): this test is what keeps the
-    copies in agreement with ``policy.dtype``, in every env and in every method's stages."""
+def test_every_model_block_gets_the_one_compute_setting(env):
+    """``compute.dtype`` reaches the policy, the KG extractor and every trainer, ``compute.use_cpu`` every trainer,
+    in every env and every method's stages: written once per env, fanned out by the config loader (before, 7 copies
+    of dtype and 5 of use_cpu per env were kept equal by this test)."""
+    from prorag.methods import COMPUTE_BLOCKS
+
     parameters = ENVS[env]()
-    blocks = {"": parameters} | {f"methods.{name}.stages.": method.get("stages") or {}
-                                 for name, method in parameters["methods"].items()}
-    found = {prefix + path: _at(block, path) for prefix, block in blocks.items() for path in TRAINER_DTYPES}
-    found = {path: value for path, value in found.items() if value is not None}
-    wrong = {path: value for path, value in found.items() if value != parameters["policy"]["dtype"]}
-    assert found and not wrong, (env, parameters["policy"]["dtype"], wrong)
+    found = {prefix + path: (key, _at(block, f"{path}.{key}")) for key, paths in COMPUTE_BLOCKS.items()
+             for prefix, block in _stage_blocks(parameters).items() for path in paths
+             if _at(block, path) is not None}
+    wrong = {path: value for path, (key, value) in found.items() if value != parameters["compute"][key]}
+    assert len(found) >= 12 and not wrong, (env, parameters["compute"], wrong)
+
+
+def test_conf_declares_dtype_and_use_cpu_only_in_compute():
+    import yaml
+
+    def keys(tree: object, path: str = "") -> list[str]:
+        if not isinstance(tree, dict):
+            return []
+        return [found for key, value in tree.items()
+                for found in [f"{path}{key}"] * (key in ("dtype", "use_cpu")) + keys(value, f"{path}{key}.")]
+
+    declared = {f"{file.relative_to(CONF)}:{key}" for file in sorted(CONF.rglob("parameters*.yml"))
+                for key in keys(yaml.safe_load(file.read_text(encoding="utf-8")))}
+    assert declared == {f"{env}/parameters.yml:compute.{key}" for env in ("base", "gpu")
+                        for key in ("dtype", "use_cpu")}
+
+
+def test_compute_is_overridden_once_for_all_and_a_block_keeps_its_own():
+    everywhere = OmegaConfigLoader(str(CONF), **CONFIG_LOADER_ARGS,
+                                   runtime_params={"compute": {"dtype": "bfloat16"}})["parameters"]
+    assert {everywhere["policy"]["dtype"], everywhere["rl"]["trainer"]["dtype"], everywhere["sft"]["dtype"],
+            everywhere["methods"]["reasonrag"]["stages"]["dpo"]["trainer"]["dtype"],
+            everywhere["tearag"]["ip_dpo"]["trainer"]["dtype"]} == {"bfloat16"}
+    one = OmegaConfigLoader(str(CONF), **CONFIG_LOADER_ARGS,
+                            runtime_params={"rl": {"trainer": {"dtype": "bfloat16"}}})["parameters"]
+    assert one["rl"]["trainer"]["dtype"] == "bfloat16" and one["sft"]["dtype"] == one["policy"]["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("env", sorted(ENVS))
+def test_tearag_trains_and_is_judged_with_one_reward(env):
+    """What IP-DPO scores its samples with (the settings the tearag node builds its reward from) is what reward
+    judging and compare build for the method: under --env gpu training used the bge-reranker similarity and
+    judging the MiniLM embedder."""
+    from prorag.rewards.base import RewardSettings
+    from prorag.rewards.registry import build_reward
+    from prorag.rewards.tearag import KnowledgeMatchingSettings
+    from prorag.training.tearag_params import TeaRAGParams
+
+    scoring = set(KnowledgeMatchingSettings.model_fields) - set(RewardSettings.model_fields)  # no detection
+    parameters = ENVS[env]()
+    judged = build_reward(parameters["methods"]["tearag"]["reward"]).settings.model_dump(include=scoring)
+    for block in (parameters["tearag"], parameters["methods"]["tearag"]["stages"]["tearag"]):
+        trained = TeaRAGParams.model_validate(block).ip_dpo.reward_settings().model_dump(include=scoring)
+        assert len(scoring) == 6 and trained == judged, env
+    if env == "gpu":
+        assert judged["similarity"] == "reranker:BAAI/bge-reranker-v2-m3"
+
+
+def test_a_stage_block_that_trains_with_another_reward_than_its_method_s_is_an_error():
+    with pytest.raises(ParameterError, match=r"tearag\.ip_dpo\.similarity \('embedder:hashing:64'\) is not the "
+                                             r"method's reward similarity"):
+        _ = OmegaConfigLoader(str(CONF), **CONFIG_LOADER_ARGS, runtime_params={
+            "tearag": {"ip_dpo": {"similarity": "embedder:hashing:64"}}})["parameters"]
+
+
+@pytest.mark.parametrize("env", sorted(ENVS))
+def test_tearag_evaluates_with_the_rollout_s_sampling(env):
+    """TeaRAG's own evaluation samples as the rollout and compare do (under --env gpu it was greedy while they
+    sampled at 0.7 / top-p 0.8)."""
+    from prorag.reporting.compare_params import CompareParams
+    from prorag.specs import SamplingSpec
+    from prorag.training.tearag_params import TeaRAGParams
+
+    parameters = ENVS[env]()
+    rollout = SamplingSpec.model_validate({key: parameters["rollout"][key] for key in ("temperature", "top_p", "seed")})
+    compare = CompareParams.model_validate(parameters["compare"])
+    tearag = TeaRAGParams.model_validate(parameters["tearag"]).evaluation_sampling
+    assert tearag == rollout == SamplingSpec(temperature=compare.temperature, top_p=compare.top_p, seed=compare.seed)
+
+
+@pytest.mark.parametrize(("dtype", "use_cpu", "requested", "full_parameters", "expected"), [
+    ("float32", True, "no", False, False), ("float32", True, "bf16", False, True),
+    ("bfloat16", True, "no", False, False), ("bfloat16", True, "no", True, True),
+    ("bfloat16", False, "no", False, True), ("float32", False, "no", True, False),
+])
+def test_one_bf16_rule(dtype, use_cpu, requested, full_parameters, expected):
+    from prorag.training.devices import bf16_compute
+
+    assert bf16_compute(dtype, use_cpu, requested=requested, full_parameters=full_parameters) is expected
+
+
+def test_no_trainer_decides_bf16_by_itself():
+    """SFT, DPO, GRPO and the launcher's mixed precision call :func:`bf16_compute`; before, 4 places held 3 rules
+    (the launcher's disagreed with GRPO's for full-parameter bf16 training on the CPU)."""
+    training = Path(__file__).resolve().parents[1] / "src" / "prorag" / "training"
+    deciding = [path.name for path in sorted(training.glob("*.py"))
+                if '== "bfloat16"' in path.read_text(encoding="utf-8") and path.name != "devices.py"]
+    callers = [path.name for path in sorted(training.glob("*.py")) if "bf16_compute(" in path.read_text("utf-8")]
+    assert not deciding and {"sft.py", "dpo.py", "trl_grpo.py", "launch.py"} <= set(callers)

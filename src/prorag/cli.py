@@ -92,9 +92,8 @@ def preflight_command(env: str | None, params: dict[str, Any]) -> None:
     (placement, the launch's GPUs, memory per process), and run nothing else. An sbatch runs it before its steps."""
     from pathlib import Path
 
-    from prorag.config_loader import ProjectConfigLoader
+    from prorag.config_loader import CONFIG_LOADER_ARGS, ProjectConfigLoader
     from prorag.scale.preflight import preflight
-    from prorag.settings import CONFIG_LOADER_ARGS
 
     loader = ProjectConfigLoader(str(Path.cwd() / "conf"), env=env, runtime_params=params, **CONFIG_LOADER_ARGS)
     try:

@@ -40,6 +40,13 @@ RECIPE_STAGES: Final[dict[str, tuple[str, ...]]] = {
 """The parameter blocks each recipe's stages read (besides ``agent``, ``reward`` and ``policy``)."""
 
 SHARED_BLOCKS: Final = ("agent", "reward", "retriever")
+TRAINER_BLOCKS: Final = ("sft", "rl.trainer", "dpo.trainer", "tearag.sft", "tearag.ip_dpo.trainer")
+"""Every trainer's settings, as dotted paths into the parameters."""
+COMPUTE_BLOCKS: Final[dict[str, tuple[str, ...]]] = {
+    "dtype": ("policy", "kg_extraction.extractor", *TRAINER_BLOCKS),
+    "use_cpu": TRAINER_BLOCKS,
+}
+"""Where each key of the shared ``compute`` block is written: a block that sets the key keeps its own value."""
 RETRIEVER_BLOCKS: Final = ("rollout", "sft_synthesis", "rl", "reasonrag_data", "compare", "tearag")
 """Stage blocks that retrieve: a block that sets no ``retriever`` gets the shared one (standalone runs) or its
 method's (``stages`` of a resolved entry)."""
@@ -50,6 +57,17 @@ RECIPE_ADAPTERS: Final[dict[str, tuple[str, ...]]] = {"sft_rl": ("sft_adapter",)
 """Adapters a recipe trains besides its method's ``adapter`` that ``compare`` evaluates (HiPRAG's SFT stage)."""
 KNOWLEDGE_GRAPH: Final = "knowledge_graph"
 """The dataset the ``kag`` retrievers need (``kedro run --pipelines=kg_extraction``)."""
+
+TRAINED_REWARD_KEYS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
+    "tearag": ("ip_dpo", ("similarity", "normalization", "weight_consistency", "weight_subquery", "weight_context",
+                          "weight_summary")),
+}
+"""Stage blocks that train with their method's reward: the part of the block and the reward keys it reads. The
+resolver writes them from the method's ``reward``, so training and judging score with one definition; a block that
+sets one of them to another value is an error."""
+EVALUATION_SAMPLING: Final[dict[str, str]] = {"tearag": "evaluation_sampling"}
+"""Blocks that evaluate with the rollout's sampling (``rollout.temperature``, ``top_p``, ``seed``), as ``compare``
+does, unless they set their own."""
 
 STAGE_OWNERS: Final[dict[str, str]] = {"tearag": "tearag"}
 """Top-level stage blocks whose agent and retriever are a method's (the standalone ``tearag`` pipeline trains
@@ -102,7 +120,7 @@ def resolve_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     Raw entries are validated by :class:`MethodEntry` (an error names ``methods.<name>``); the complete blocks are
     validated by their own schemas afterwards (the validation hook). Parameters without a ``methods`` map are
     returned with only the shared retriever filled in."""
-    resolved = copy.deepcopy(dict(parameters))
+    resolved = _with_rollout_sampling(_with_compute(copy.deepcopy(dict(parameters))))
     shared_retriever = resolved.get("retriever")
     methods: dict[str, Any] = {}
     for name, raw in (resolved.get("methods") or {}).items():
@@ -122,6 +140,30 @@ def resolve_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(values, Mapping) and values.get("retriever") is None and shared_retriever is not None:
             resolved[block] = {**values, "retriever": _retriever_for(block, shared_retriever)}
     return resolved
+
+
+def _with_compute(parameters: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` with the shared ``compute`` keys written into :data:`COMPUTE_BLOCKS` (before the methods are
+    resolved, so that each method's stage blocks inherit them). Only blocks whose top-level block exists are
+    written; a missing nested block (``rl.trainer``) is created."""
+    compute = parameters.get("compute")
+    if not isinstance(compute, Mapping):
+        return parameters
+    for key, paths in COMPUTE_BLOCKS.items():
+        if key not in compute:
+            continue
+        for path in paths:
+            top, *inner = path.split(".")
+            block = parameters.get(top)
+            if not isinstance(block, Mapping):
+                continue
+            block = parameters[top] = dict(block)
+            for part in inner:
+                child = block.get(part)
+                block[part] = dict(child) if isinstance(child, Mapping) else {}
+                block = block[part]
+            block.setdefault(key, copy.deepcopy(compute[key]))
+    return parameters
 
 
 def _resolve_entry(entry: MethodEntry, parameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -150,7 +192,33 @@ def _with_method(block: str, values: Mapping[str, Any], method: Mapping[str, Any
         values["retriever"] = _retriever_for(block, method["retriever"])
     if block in AGENT_BLOCKS and "agent" not in explicit:
         values["agent"] = copy.deepcopy(method["agent"])
+    if block in TRAINED_REWARD_KEYS:
+        part, keys = TRAINED_REWARD_KEYS[block]
+        own = dict(values.get(part) or {})
+        for key in keys:
+            if key not in method["reward"]:
+                continue
+            if key in own and own[key] != method["reward"][key]:
+                raise ParameterError(
+                    f"invalid parameters: {block}.{part}.{key} ({own[key]!r}) is not the method's reward "
+                    f"{key} ({method['reward'][key]!r}): the method trains and is judged with one reward; set it "
+                    f"in its methods entry's reward")
+            own[key] = copy.deepcopy(method["reward"][key])
+        values[part] = own
     return values
+
+
+def _with_rollout_sampling(parameters: dict[str, Any]) -> dict[str, Any]:
+    """:data:`EVALUATION_SAMPLING` blocks given the rollout's sampling where they set none."""
+    rollout = parameters.get("rollout")
+    if not isinstance(rollout, Mapping):
+        return parameters
+    sampling = {key: copy.deepcopy(rollout[key]) for key in ("temperature", "top_p", "seed") if key in rollout}
+    for block, key in EVALUATION_SAMPLING.items():
+        values = parameters.get(block)
+        if isinstance(values, Mapping) and values.get(key) is None:
+            parameters[block] = {**values, key: sampling}
+    return parameters
 
 
 def _retriever_for(block: str, retriever: Mapping[str, Any]) -> dict[str, Any]:

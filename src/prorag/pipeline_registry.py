@@ -17,14 +17,12 @@ rl.train_rl``, ``--namespaces rl``) and kedro-viz collapses each stage. Nodes ca
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from kedro.pipeline import Node, Pipeline, pipeline
 
-from prorag.config_loader import ProjectConfigLoader
+from prorag.config_loader import configured_methods
 from prorag.methods import RECIPE_STAGES, compare_artifacts
 from prorag.pipelines import (
     compare,
@@ -44,7 +42,6 @@ from prorag.pipelines import (
 )
 from prorag.pipelines.rollout.nodes import TRAINED_AGENT_STAGES, gather_trajectories, run_latest_policy_rollouts
 from prorag.pipelines.rollout.pipeline import trained_policy_rollouts
-from prorag.settings import CONFIG_LOADER_ARGS
 
 
 def _concat(base: str, *others: str) -> Pipeline:
@@ -73,28 +70,8 @@ def _latest_policy_rollouts() -> Pipeline:
                     tags=[tags.ROLLOUT, *tags.TRAINED_AGENT])
 
 
-CONF_SOURCE = "conf"
-"""Kedro's default configuration folder (settings.py does not change it)."""
 DEFAULT_METHOD = "hiprag"
 """The method ``train`` (the default pipeline) trains."""
-
-
-def configured_methods(project_path: Path | None = None) -> dict[str, dict[str, Any]]:
-    """The resolved ``methods`` map of conf/base + conf/local (the envs change a method's settings, not which
-    methods exist or their recipes: the validation hook checks that a run's env agrees)."""
-    root = project_path or _project_path()
-    with warnings.catch_warnings():  # Kedro's own resolver-registration deprecation notices, once per loader
-        warnings.simplefilter("ignore", UserWarning)
-        loader = ProjectConfigLoader(conf_source=str(root / CONF_SOURCE), **CONFIG_LOADER_ARGS)
-        return dict(loader["parameters"].get("methods") or {})
-
-
-def _project_path() -> Path:
-    for candidate in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (candidate / CONF_SOURCE / "base").is_dir():
-            return candidate
-    raise FileNotFoundError(f"no {CONF_SOURCE}/base folder in {Path.cwd()} or the source checkout: run "
-                            "kedro from the project root")
 
 
 def for_method(name: str, method: Mapping[str, Any], stages: Pipeline) -> Pipeline:

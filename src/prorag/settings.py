@@ -3,10 +3,14 @@
 import os
 import warnings
 
-from prorag.config_loader import ProjectConfigLoader
-from prorag.hooks import GpuPreflightHook, MlflowTrackingHook, ParameterValidationHook, ResultScreenHook, RunVersionHook
+from prorag.config_loader import CONFIG_LOADER_ARGS, ProjectConfigLoader
+from prorag.hooks.mlflow_tracking import MlflowTrackingHook
+from prorag.hooks.preflight import GpuPreflightHook
+from prorag.hooks.result_screen import ResultScreenHook
+from prorag.hooks.run_versions import RunVersionHook
+from prorag.hooks.timing import NodeTimingHook
+from prorag.hooks.validation import ParameterValidationHook
 from prorag.redaction import install_log_redaction
-from prorag.tracking.timing import NodeTimingHook
 
 os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 # Kedro has configured logging (conf/logging.yml) when it imports this module: every handler (the terminal,
@@ -23,13 +27,8 @@ _TRACKING = MlflowTrackingHook()
 HOOKS = (ResultScreenHook(tracking=_TRACKING), GpuPreflightHook(), ParameterValidationHook(), _TRACKING,
          RunVersionHook(), NodeTimingHook())
 
-# Parameters are soft-merged: an env file (conf/gpu, conf/local) overrides the keys it names and keeps the rest
-# of conf/base (Kedro's default, "destructive", would replace each top-level namespace wholesale).
-CONFIG_LOADER_ARGS = {
-    "base_env": "base",
-    "default_run_env": "local",
-    "merge_strategy": {"parameters": "soft"},
-}
+# what Kedro reads here; the config loader's arguments are declared beside the loader (config_loader.py)
+__all__ = ["CONFIG_LOADER_ARGS", "CONFIG_LOADER_CLASS", "HOOKS"]
 
 # `parameters` come back with the `methods` map resolved (complete entries, stage blocks with their retrievers).
 CONFIG_LOADER_CLASS = ProjectConfigLoader

@@ -1,5 +1,6 @@
 """Typed specs of the settings that several pipelines read — declared once, imported everywhere, never copied.
 
+* :class:`ComputeSpec` — the dtype and device every model block shares (top-level ``compute``);
 * :class:`PolicySpec` — the policy model and where it runs (top-level ``policy`` parameters);
 * :class:`RetrieverSpec` — which retriever over the index (or a retrieval server), and how many passages;
 * :class:`JudgeSpec` — one over- or under-search judge;
@@ -10,8 +11,9 @@
 * :class:`MethodSpec` — one method evaluated side by side (a baseline or an agent); :class:`MethodSettings` is
   the same without its name.
 
-A protocol is a ``str`` checked against :func:`prorag.protocol.registry.protocol_names`, so a protocol registered
-by a user is accepted without editing this module.
+A protocol is a ``str`` checked by :func:`prorag.protocol.registry.adapter_factory`, so a protocol registered by a
+user, or named by its adapter's dotted path (``my_package.protocols:MyAdapter``), is accepted without editing this
+module.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pydantic import Field, field_validator, model_validator
 from prorag.config import Dtype, PositiveInt, Seed, StrictModel
 from prorag.llm.registry import BUNDLED_SMOLLM2
 from prorag.llm.served import TrainedServerSpec
-from prorag.protocol.registry import protocol_names
+from prorag.protocol.registry import adapter_factory
 
 RetrieverKind = Literal["dense", "bm25", "hybrid", "kag", "kag_concat"]
 """Retrievers over a :class:`~prorag.retrieval.RetrievalIndex`; a new retriever adds its name here."""
@@ -34,9 +36,19 @@ DEFAULT_JUDGE_CACHE: Final = "data/02_intermediate/judge_cache.sqlite"
 
 
 def _known_protocol(name: str) -> str:
-    if name not in protocol_names():
-        raise ValueError(f"unknown protocol {name!r} (known: {', '.join(protocol_names())})")
+    adapter_factory(name)  # an unknown name or a dotted path that does not import: an error saying which
     return name
+
+
+class ComputeSpec(StrictModel):
+    """``compute``: how every model is held and where the trainers run, declared once per env.
+    :func:`prorag.methods.resolve_parameters` writes ``dtype`` into every block that loads a model and ``use_cpu``
+    into every trainer block (:data:`prorag.methods.COMPUTE_BLOCKS`) that does not set its own."""
+
+    dtype: Dtype = "float32"
+    """The weights' dtype of the policy, the KG extractor and every trainer."""
+    use_cpu: bool = True
+    """Every trainer on the CPU (false: one CUDA device, ``placement.trainer_gpu``)."""
 
 
 class PolicySpec(StrictModel):

@@ -26,7 +26,7 @@ from prorag.assembly import build_policy, build_retriever
 from prorag.data import Question
 from prorag.datasets.optional_version_dataset import stored_versions
 from prorag.errors import UserError
-from prorag.hooks import RUN_MANIFEST_DIR
+from prorag.hooks.run_versions import RUN_MANIFEST_DIR
 from prorag.llm.registry import adapter_base_model, make_adapter_portable, portable_name
 from prorag.pipeline_registry import DEFAULT_METHOD
 from prorag.retrieval import RetrievalIndex

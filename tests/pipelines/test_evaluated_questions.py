@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from prorag.config_loader import CONFIG_LOADER_ARGS
 from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.data import Question, load_questions, question_text_key
 from prorag.pipeline_registry import configured_methods, register_pipelines
@@ -27,7 +28,6 @@ from prorag.pipelines.sft_synthesis.nodes import synthesize_sft_data
 from prorag.pipelines.sft_synthesis.params import SftSynthesisParams
 from prorag.pipelines.tearag.nodes import select_ip_dpo_questions, select_sft_data_questions
 from prorag.pipelines.tearag.params import TeaRAGParams
-from prorag.settings import CONFIG_LOADER_ARGS
 from prorag.specs import TrainedAgentSpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from prorag.agent.trajectory import Rollout
-from prorag.hooks import MlflowTrackingHook, ResultScreenHook
+from prorag.hooks.mlflow_tracking import MlflowTrackingHook
+from prorag.hooks.result_screen import ResultScreenHook
 from prorag.reporting.summary import render_summary, result_summary
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from prorag.config_loader import CONFIG_LOADER_ARGS
 from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.gpus import NODE_GPUS_ENV
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.serving import create_app, serve_in_thread
-from prorag.settings import CONFIG_LOADER_ARGS
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"

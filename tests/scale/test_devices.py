@@ -111,7 +111,9 @@ def test_the_full_parameter_reference_model_is_held_in_the_compute_dtype(tmp_pat
 
 
 def test_the_preflight_runs_as_a_hook_before_mlflow_opens_a_run():
-    from prorag.hooks import GpuPreflightHook, MlflowTrackingHook, ParameterValidationHook
+    from prorag.hooks.mlflow_tracking import MlflowTrackingHook
+    from prorag.hooks.preflight import GpuPreflightHook
+    from prorag.hooks.validation import ParameterValidationHook
     from prorag.settings import HOOKS
 
     kinds = [type(hook) for hook in HOOKS]

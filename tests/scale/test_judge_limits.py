@@ -88,7 +88,7 @@ def test_processes_share_the_schedule_through_the_state_file(tmp_path):
 def test_usage_and_cost_reach_mlflow_and_the_budget_stops_judging(judge_server, mlflow_uri):
     from mlflow import MlflowClient
 
-    from prorag.hooks import MlflowTrackingHook
+    from prorag.hooks.mlflow_tracking import MlflowTrackingHook
 
     url, _ = judge_server
     judge = build_judge_from_spec(_spec(url, budget_usd=1e-6,

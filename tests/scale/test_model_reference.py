@@ -56,6 +56,6 @@ def test_a_large_model_folder_is_a_reference_and_uploads_only_when_asked(tmp_pat
 def test_the_tracking_hook_logs_model_folders_through_the_reference_path():
     """The run's hook routes every non-adapter model folder through :func:`log_model_folder` (no synchronous
     ``log_artifacts`` of a whole model folder left in the hook)."""
-    source = (Path(__file__).resolve().parents[2] / "src" / "prorag" / "hooks.py").read_text()
+    source = (Path(__file__).resolve().parents[2] / "src" / "prorag" / "hooks" / "mlflow_tracking.py").read_text()
     assert "log_model_folder(" in source
     assert 'artifact_path=f"models/{dataset_name}")\n' not in source.split("def _log_adapter")[0]

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from kedro.pipeline import Node, Pipeline
 
-from prorag.config_loader import ProjectConfigLoader
+from prorag.config_loader import CONFIG_LOADER_ARGS, ProjectConfigLoader
 from prorag.pipeline_registry import register_pipelines
-from prorag.settings import CONFIG_LOADER_ARGS
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))  # as when the script runs: its folder first (scripts/pipeline_runs.py)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prorag.pipeline_registry import configured_methods
+from prorag.config_loader import configured_methods
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))  # as when the script runs: its folder first (scripts/pipeline_runs.py)

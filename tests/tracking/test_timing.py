@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import mlflow
 import pandas as pd
 
+from prorag.hooks.timing import NodeTimingHook
 from prorag.llm.generation import SamplingParams
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.llm.transformers_backend import TransformersGenerator
-from prorag.tracking.timing import NodeTimingHook
 
 
 def test_nodes_are_timed_with_their_generation_tokens(tmp_path: Path, mlflow_uri: str, one_torch_thread):

@@ -3,8 +3,8 @@
 Kedro has no optional inputs: a versioned input without a version fails the run. ``compare`` evaluates every
 trained adapter that exists and skips (naming why) the arms whose adapter does not, so its adapters are plain
 catalog inputs (kedro-viz draws each adapter → compare edge) which the project's run-version hook
-(:class:`prorag.hooks.RunVersionHook`) wraps in this dataset for the run: pinned like every other input — the
-``--load-versions`` pin, else the newest version saved by a *completed* run — or, when no version is usable,
+(:class:`~prorag.hooks.run_versions.RunVersionHook`) wraps in this dataset for the run: pinned like every other
+input — the ``--load-versions`` pin, else the newest version saved by a *completed* run — or, when no version is usable,
 loading as :class:`~prorag.tracking.missing_inputs.Missing` with the reason.
 
 Declared in a catalog it wraps a dataset config (``dataset: {type: ..., filepath: ...}``) and loads its latest

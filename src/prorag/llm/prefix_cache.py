@@ -77,7 +77,7 @@ class GenerationStats:
 
 
 PROCESS_GENERATION_STATS = GenerationStats()
-"""The sum of every in-process generator's counters (read per pipeline node by :mod:`prorag.tracking.timing`)."""
+"""The sum of every in-process generator's counters (read per pipeline node by :mod:`prorag.hooks.timing`)."""
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Every top-level parameter key and the schema that owns it — one explicit list (a new pipeline adds a line).
 
-The validation hook (:class:`prorag.hooks.ParameterValidationHook`) checks the whole parameter tree against it
-before a run; nodes annotate their ``params:<key>`` arguments with the same schemas.
+The validation hook (:class:`prorag.hooks.validation.ParameterValidationHook`) checks the whole parameter tree
+against it before a run; nodes annotate their ``params:<key>`` arguments with the same schemas.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.rewards.base import RewardSettings
 from prorag.rewards.registry import check_reward_protocol
 from prorag.scale.placement import PlacementSpec
-from prorag.specs import PolicySpec, RetrieverSpec, TrainedAgentSpec
+from prorag.specs import ComputeSpec, PolicySpec, RetrieverSpec, TrainedAgentSpec
 from prorag.tracking import TrackingParams
 from prorag.training.launch import LaunchSettings
 
@@ -89,6 +89,7 @@ class MethodsParams(StrictModel):
 
 PARAMETER_SCHEMAS: Final[dict[str, type[BaseModel]]] = {
     # shared specs (conf/base/parameters.yml): read by several pipelines, declared once
+    "compute": ComputeSpec,  # dtype and use_cpu, fanned out into every model / trainer block by the resolver
     "policy": PolicySpec,
     "agent": TrainedAgentSpec,
     "reward": RewardSettings,  # validated by the settings of the reward its `kind` names

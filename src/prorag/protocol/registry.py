@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from prorag.errors import UserError
+from prorag.plugins import PluginError, is_plugin_path, load_plugin
 from prorag.protocol.base import ProtocolAdapter
 
 AdapterFactory = Callable[..., ProtocolAdapter]
@@ -52,13 +53,29 @@ def protocol_names() -> list[str]:
     return sorted({*_BUILTIN, *_registered})
 
 
+def is_protocol(name: str) -> bool:
+    """Whether ``name`` is a protocol: registered, built in, or an adapter's importable dotted path."""
+    if name in _registered or name in _BUILTIN:
+        return True
+    try:
+        return is_plugin_path(name) and adapter_factory(name) is not None
+    except PluginError:
+        return False
+
+
 def adapter_factory(name: str) -> AdapterFactory:
     """The class or function that builds the adapter of ``name``."""
     if name in _registered:
         return _registered[name]
     target = _BUILTIN.get(name)
+    if target is None and is_plugin_path(name):
+        found = load_plugin(name, "protocol")
+        if not callable(found):
+            raise PluginError(f"protocol {name!r} names {found!r}, not an adapter class or factory")
+        return found
     if target is None:
-        raise UnknownProtocolError(f"unknown protocol {name!r} (known: {', '.join(protocol_names())})")
+        raise UnknownProtocolError(f"unknown protocol {name!r} (known: {', '.join(protocol_names())}, or an "
+                                   "adapter of your own as 'package.module:Class')")
     module, attribute = target.split(":")
     return getattr(importlib.import_module(module), attribute)
 

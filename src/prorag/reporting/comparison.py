@@ -24,7 +24,7 @@ from prorag.metrics.compare import (
 )
 from prorag.metrics.qa import bootstrap_interval
 from prorag.metrics.rollout import summarize_rollouts
-from prorag.protocol.registry import protocol_names
+from prorag.protocol.registry import is_protocol
 from prorag.redaction import redact_text
 from prorag.reporting.cells import missing, percent, with_interval
 
@@ -64,7 +64,6 @@ def comparison_table(inputs: ComparisonInputs) -> tuple[pd.DataFrame, pd.DataFra
     unknown rate and search ratio (reward judging; empty for the single-shot baselines), LLM-judge accuracy
     (``lasj``, unknown verdicts excluded, their share in ``lasj_unknown``). And the paired tests of every pair."""
     scores = question_scores(inputs.rollouts)
-    agent_protocols = set(protocol_names())
     lasj = _lasj_by_question(inputs.answer_verdicts)
     rows: list[dict[str, Any]] = []
     for method in inputs.methods():
@@ -84,7 +83,7 @@ def comparison_table(inputs: ComparisonInputs) -> tuple[pd.DataFrame, pd.DataFra
                     subset[metric].tolist(), confidence=inputs.confidence, resamples=inputs.bootstrap_resamples,
                     seed=inputs.seed)
             row.update({column: summary[column] for column in BEHAVIOUR_COLUMNS})
-            if all(item.protocol not in agent_protocols for item in items):
+            if not any(is_protocol(item.protocol) for item in items):
                 row["format_rate"] = math.nan  # a single-shot baseline has no protocol format to follow
             search = judged.get("by_dataset", {}).get(dataset, {})
             row.update({column: search.get(column, math.nan) for column in SEARCH_COLUMNS})

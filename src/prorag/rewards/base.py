@@ -28,6 +28,7 @@ from pydantic import Field
 
 from prorag.config import StrictModel
 from prorag.errors import UserError
+from prorag.plugins import PluginError, is_plugin_path, load_plugin
 from prorag.specs import JudgeSpec
 
 if TYPE_CHECKING:
@@ -80,6 +81,11 @@ class RewardSettings(StrictModel):
         layered over conf/base's ``hiprag`` one) are left out with a warning naming them; any other unknown key is
         an error."""
         target = cls.schema_for(obj)
+        kind = obj.get("kind") if isinstance(obj, Mapping) else None
+        if is_plugin_path(kind):  # validated as the class's own kind; the path stays the kind every process reads
+            own = target.model_fields["kind"].default
+            checked = target.model_validate({**obj, "kind": own if isinstance(own, str) else ""}, **kwargs)
+            return checked.model_copy(update={"kind": kind})
         if isinstance(obj, Mapping):
             obj = _without_foreign_keys(target, obj)
             obj.setdefault("kind", target.model_fields["kind"].default)
@@ -216,9 +222,15 @@ def reward_class(kind: str) -> type[Reward]:
     if kind in _registered:
         return _registered[kind]
     target = _BUILTIN.get(kind)
+    if target is None and is_plugin_path(kind):
+        found = load_plugin(kind, "reward kind")
+        if not (isinstance(found, type) and issubclass(found, Reward)):
+            raise PluginError(f"reward kind {kind!r} names {found!r}, not a prorag.rewards.base.Reward subclass")
+        return found
     if target is None:
         close = difflib.get_close_matches(str(kind), reward_kinds(), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UnknownRewardError(f"unknown reward kind {kind!r}{hint} (known: {', '.join(reward_kinds())})")
+        raise UnknownRewardError(f"unknown reward kind {kind!r}{hint} (known: {', '.join(reward_kinds())}, or "
+                                 "a class of your own as 'package.module:Class')")
     module, attribute = target.split(":")
     return getattr(importlib.import_module(module), attribute)

@@ -1,6 +1,7 @@
 """Before the first node of a GPU run: placement, one GPU for the trainer, memory of every process.
 
-:func:`preflight` is what the run's hook calls with the whole parameter tree (:class:`prorag.hooks.GpuPreflightHook`);
+:func:`preflight` is what the run's hook calls with the whole parameter tree
+(:class:`prorag.hooks.preflight.GpuPreflightHook`);
 :func:`trainer_loads` is the one place that knows where the trainers' settings live in the parameters.
 """
 

@@ -1,6 +1,6 @@
 """Inputs that have no saved version yet, and which registered pipeline to run first; the values an optional input
 loads as (:class:`Available`, :class:`Missing`). Kedro-free;
-:class:`prorag.hooks.RunVersionHook` applies it before any node runs.
+:class:`prorag.hooks.run_versions.RunVersionHook` applies it before any node runs.
 
 Without this, ``kedro run --pipelines=train_rl`` on a fresh project runs its first nodes and only then fails on a
 ``VersionNotFoundError`` for ``sft_adapter``; with it, the run does not start and says

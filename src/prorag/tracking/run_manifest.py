@@ -1,5 +1,6 @@
 """Run manifests: which versions a run loaded and saved, and whether it completed — so that the inputs of a run
-come from completed runs and belong together (issue 11, item 3). Kedro-free; :mod:`prorag.hooks` applies it.
+come from completed runs and belong together (issue 11, item 3). Kedro-free; :mod:`prorag.hooks.run_versions`
+applies it.
 
 A versioned dataset's version is the id of the session that saved it. Each run writes
 ``<directory>/<run id>.json`` when it starts (status ``running``, with its host and process id), and rewrites it

@@ -16,6 +16,14 @@ if TYPE_CHECKING:
     from torch import nn
 
 
+def bf16_compute(dtype: str, use_cpu: bool, *, requested: str = "no", full_parameters: bool = False) -> bool:
+    """Whether a trainer computes in bf16 (autocast over its weights): when asked (``mixed_precision: bf16``), or
+    with bf16 weights on a GPU, or with bf16 weights trained full-parameter anywhere (fp32 master weights, bf16
+    compute: an update of ~1e-6 is below half a bf16 ulp of a weight, so pure-bf16 weights would barely move).
+    The one rule of every trainer (SFT, DPO, GRPO) and of ``accelerate launch``'s mixed precision."""
+    return requested == "bf16" or (dtype == "bfloat16" and (full_parameters or not use_cpu))
+
+
 class DevicePlacementError(ValueError):
     """A trainer process would see several GPUs (or none of the declared one)."""
 

@@ -166,7 +166,7 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
     from trl import DPOConfig, DPOTrainer
 
     from prorag.llm.registry import load_causal_lm, resolve_model_path
-    from prorag.training.devices import ensure_one_device
+    from prorag.training.devices import bf16_compute, ensure_one_device
 
     if not rows:
         raise ValueError("no preference rows")
@@ -182,7 +182,7 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
     # the config before the model: under ZeRO-3 the weights are then partitioned as they load
     args = DPOConfig(**{"report_to": [], **config.trainer_args}, **dict(
         output_dir=str(output / CHECKPOINTS), use_cpu=config.use_cpu,
-        bf16=config.dtype == "bfloat16" and not config.use_cpu, fp16=False,
+        bf16=bf16_compute(config.dtype, config.use_cpu), fp16=False,
         beta=config.beta, loss_type=loss_type, loss_weights=loss_weights,
         learning_rate=config.learning_rate, num_train_epochs=config.num_train_epochs, max_steps=config.max_steps,
         per_device_train_batch_size=config.per_device_train_batch_size,

@@ -46,6 +46,7 @@ from pydantic import Field, field_validator, model_validator
 
 from prorag.config import StrictModel
 from prorag.specs import PositiveInt
+from prorag.training.devices import bf16_compute
 
 logger = logging.getLogger(__name__)
 
@@ -557,8 +558,8 @@ def _write_json(path: Path, data: Any) -> None:
 # ------------------------------------------------------------------------------------------ the stages
 
 
-def _mixed_precision(dtype: str, use_cpu: bool, requested: str = "no") -> str:
-    return "bf16" if requested == "bf16" or (dtype == "bfloat16" and not use_cpu) else "no"
+def _mixed_precision(dtype: str, use_cpu: bool, requested: str = "no", full_parameters: bool = False) -> str:
+    return "bf16" if bf16_compute(dtype, use_cpu, requested=requested, full_parameters=full_parameters) else "no"
 
 
 def launch_sft(model: str, examples: Sequence[Mapping[str, Sequence[int]]], settings: Any,
@@ -597,7 +598,8 @@ def launch_grpo(model: str, questions: Sequence[Any], index: Any, launch: Launch
                          reward=reward, start_adapter=start_adapter, full_parameters=full_parameters,
                          generation_batch_size=generation_batch_size, judge_for_metrics=judge_for_metrics,
                          policy_server=policy_server, metrics_prefix=metrics_prefix)
-    return run_launch(launch, bundle, mixed_precision=_mixed_precision(trainer.dtype, trainer.use_cpu))
+    return run_launch(launch, bundle, mixed_precision=_mixed_precision(trainer.dtype, trainer.use_cpu,
+                                                                       full_parameters=full_parameters))
 
 
 def grpo_bundle(model: str, questions: Sequence[Any], index: Any, launch: LaunchSettings, *, trainer: Any,

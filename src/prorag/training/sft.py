@@ -99,7 +99,7 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     from trl import SFTConfig, SFTTrainer
 
     from prorag.llm.registry import load_causal_lm
-    from prorag.training.devices import ensure_one_device
+    from prorag.training.devices import bf16_compute, ensure_one_device
 
     rows = _training_rows(examples)
     output = Path(output_dir)
@@ -109,7 +109,7 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
         **settings.model_dump(include=set(SFT_TRL_NAMES)),
         "output_dir": str(output / CHECKPOINTS),
         "report_to": [],
-        "bf16": settings.mixed_precision == "bf16" or (settings.dtype == "bfloat16" and not settings.use_cpu),
+        "bf16": bf16_compute(settings.dtype, settings.use_cpu, requested=settings.mixed_precision),
         "fp16": False,
         "data_seed": settings.seed,
         **checkpoint_arguments(settings.save_steps, settings.save_total_limit),

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from prorag.config import StrictModel
+from prorag.rewards.tearag import KnowledgeMatchingSettings
 from prorag.specs import PositiveInt, SamplingSpec, Seed, TrainedAgentSpec
 from prorag.training.config import SFTSettings
 from prorag.training.dpo import DPOTrainingConfig
@@ -81,6 +82,14 @@ class IPDPOParams(StrictModel):
     trainer: DPOTrainingConfig = DPOTrainingConfig(beta=0.1, sft_weight=1.0, append_eos=True)
     """The DPO + SFT trainer (:mod:`prorag.training.dpo`): ``beta`` is β of eq. 15, ``sft_weight`` α of eq. 17;
     ``init_adapter`` is set by each round (the previous round's adapter)."""
+
+    def reward_settings(self) -> KnowledgeMatchingSettings:
+        """The reward the rounds score their samples with (the method's ``reward``, written here by the config
+        loader: :data:`prorag.methods.TRAINED_REWARD_KEYS`)."""
+        return KnowledgeMatchingSettings(
+            similarity=self.similarity, normalization=self.normalization, weight_consistency=self.weight_consistency,
+            weight_subquery=self.weight_subquery, weight_context=self.weight_context,
+            weight_summary=self.weight_summary)
 
 
 class TeaRAGParams(StrictModel):

@@ -55,7 +55,7 @@ from prorag.rewards.scoring import Ratio
 from prorag.specs import AgentSpec, SamplingSpec
 from prorag.training.config import GRPO_TRL_NAMES, GRPOSettings
 from prorag.training.dapo import refill_uniform_groups
-from prorag.training.devices import ensure_one_device, fp32_master_weights
+from prorag.training.devices import bf16_compute, ensure_one_device, fp32_master_weights
 from prorag.training.trl_private import GRPOTrainerHooks
 
 if TYPE_CHECKING:
@@ -397,7 +397,7 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
         **settings.model_dump(include=set(GRPO_TRL_NAMES)),
         "output_dir": str(checkpoint_dir),
         "report_to": [],
-        "bf16": settings.dtype == "bfloat16" and (full_parameters or not settings.use_cpu),
+        "bf16": bf16_compute(settings.dtype, settings.use_cpu, full_parameters=full_parameters),
         "fp16": False,
         "mask_truncated_completions": False,  # agent completions end with </answer>, not EOS
         "data_seed": settings.seed,

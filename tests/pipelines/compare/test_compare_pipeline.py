@@ -19,7 +19,7 @@ from prorag.agent.trajectory import Rollout
 from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.data import load_questions
 from prorag.datasets import DirectoryDataset, OptionalVersionDataset
-from prorag.hooks import optional_inputs
+from prorag.hooks.run_versions import optional_inputs
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.methods import compare_artifacts
 from prorag.pipeline_registry import configured_methods, register_pipelines

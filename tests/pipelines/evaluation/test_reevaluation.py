@@ -16,7 +16,7 @@ from kedro.io import Version
 
 from prorag.agent import Rollout
 from prorag.datasets import JSONLinesDataset
-from prorag.hooks import optional_inputs
+from prorag.hooks.run_versions import optional_inputs
 from prorag.pipeline_registry import register_pipelines
 from prorag.pipelines.rollout.nodes import gather_trajectories
 from prorag.tracking.missing_inputs import Available, Missing

@@ -31,7 +31,7 @@ def create_pipeline(judging: Pipeline | None = None, artifacts: Sequence[str] = 
 
 def _compare_nodes(artifacts: Sequence[str]) -> Pipeline:
     # each artifact is passed by name to run_compare_rollouts' **artifacts: the run-version hook reads the inputs a
-    # node takes there as optional (prorag.hooks.optional_inputs)
+    # node takes there as optional (prorag.hooks.run_versions.optional_inputs)
     rollout_inputs = {"question_records": "compare_questions", "index": "retrieval_index", "params": "params:compare",
                       "policy": "params:policy", "methods": "params:methods", "kg": "params:kg_extraction",
                       **{name: name for name in artifacts}}

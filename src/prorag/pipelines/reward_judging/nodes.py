@@ -17,7 +17,7 @@ from prorag.data import Question
 from prorag.judges import StepVerdicts, detection_summary
 from prorag.metrics import search_behaviour
 from prorag.pipelines.reward_judging.params import RewardJudgingParams
-from prorag.protocol.registry import protocol_names
+from prorag.protocol.registry import is_protocol, protocol_names
 from prorag.retrieval import RetrievalIndex
 from prorag.rewards.base import RewardSettings
 from prorag.rewards.scoring import ScoredBatch
@@ -48,10 +48,9 @@ def judge_trajectories(trajectory_records: list[dict[str, Any]], index: Retrieva
     Returns the per-trajectory step verdicts, a per-trajectory reward table, and metrics per method and per
     method and dataset (:func:`search_metrics`).
     """
-    protocols = set(protocol_names())
-    rollouts = [item for item in map(Rollout.from_dict, trajectory_records) if item.protocol in protocols]
+    rollouts = [item for item in map(Rollout.from_dict, trajectory_records) if is_protocol(item.protocol)]
     if not rollouts:
-        raise ValueError(f"no agent trajectory to judge (rollout.methods has no agent; protocols: {sorted(protocols)})")
+        raise ValueError(f"no agent trajectory to judge (rollout.methods has no agent; protocols: {protocol_names()})")
     questions = [Question.from_dict(record) for record in question_records or []]
     scorer = build_scorer(reward, index, judge_for_metrics=True, questions=questions)  # always OSR/USR
     groups: dict[str, tuple[PolicySpec, list[int]]] = {}

@@ -19,7 +19,7 @@ from prorag.llm.registry import load_tokenizer
 from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.retrieval import RetrievalIndex
 from prorag.retrieval.base import Retriever
-from prorag.rewards.tearag import KnowledgeMatchingReward, KnowledgeMatchingSettings
+from prorag.rewards.tearag import KnowledgeMatchingReward
 from prorag.specs import MethodSpec, PolicySpec
 from prorag.training.ip_dpo import IPDPOSettings, PairRules, QuestionMix, run_ip_dpo, select_question_mix
 from prorag.training.launch import IN_PROCESS, LaunchSettings, launch_dpo, launch_sft
@@ -142,9 +142,7 @@ def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list
     settings = IPDPOSettings(
         rounds=cfg.rounds, samples_per_question=cfg.samples_per_question, top_k=params.retriever.top_k,
         rules=PairRules(min_outcome=cfg.min_outcome, min_process=cfg.min_process, easy_max_f1=cfg.easy_max_f1))
-    reward = KnowledgeMatchingReward(KnowledgeMatchingSettings(
-        similarity=cfg.similarity, weight_consistency=cfg.weight_consistency, weight_subquery=cfg.weight_subquery,
-        weight_context=cfg.weight_context, weight_summary=cfg.weight_summary, normalization=cfg.normalization))
+    reward = KnowledgeMatchingReward(cfg.reward_settings())
     results = run_ip_dpo(policy.model, sft_adapter, questions, _kag_retriever(index, graph, kg, params),
                          params.agent, cfg.sampling, reward, settings, cfg.trainer,
                          Path(tempfile.mkdtemp(prefix="prorag-ip-dpo-")), policy_batch_size=policy.batch_size,

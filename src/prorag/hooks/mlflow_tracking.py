@@ -1,37 +1,30 @@
-"""Project hooks: strict parameter validation, inputs from completed runs that belong together, and MLflow tracking
-of every ``kedro run``."""
+"""The MLflow tracking hook: one parent MLflow run per ``kedro run``, with a child run per stage and per evaluated
+method (parameters, metrics, inputs, adapters, rollout traces and judge verdicts)."""
 
 from __future__ import annotations
 
-import atexit
 import functools
-import inspect
 import json
 import logging
 import os
-import signal
 import socket
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any
 
 import mlflow
-from kedro.config import MissingConfigException
-from kedro.framework.context import KedroContext
 from kedro.framework.hooks import hook_impl
-from kedro.io import AbstractDataset, AbstractVersionedDataset, DataCatalog, DatasetError, Version
+from kedro.io import DataCatalog
 from kedro.pipeline import Node, Pipeline
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from pydantic import BaseModel
 
-from prorag.config import ParameterError, parse_parameters, validate_parameters
+from prorag.config import ParameterError, parse_parameters
 from prorag.datasets import DirectoryDataset, OptionalVersionDataset
-from prorag.datasets.optional_version_dataset import stored_versions
+from prorag.hooks.support import catalog_parameters, file_of, local_path, on_termination
 from prorag.tracking import (
     TrackingParams,
     default_tracking_uri,
@@ -43,13 +36,11 @@ from prorag.tracking import (
 )
 from prorag.tracking.missing_inputs import (
     Available,
-    PipelineShape,
-    check_inputs_have_versions,
-    missing_input_line,
-    producers,
 )
 from prorag.tracking.model_reference import BackgroundUploads, log_model_folder
-from prorag.tracking.run_manifest import RunManifest, RunManifests, choose_load_versions, process_alive
+from prorag.tracking.run_manifest import (
+    process_alive,
+)
 from prorag.tracking.runs import (
     ADAPTER_TAG,
     BASE_MODEL_TAG,
@@ -77,261 +68,12 @@ from prorag.tracking.traces import TraceRef, log_rollout_trace, log_verdicts, ro
 
 logger = logging.getLogger(__name__)
 
+
 _MLFLOW_PARAM_VALUE_LIMIT = 6000
 _MLFLOW_BATCH = 100
 HOST_TAG = "prorag.host"
 PID_TAG = "prorag.pid"
 """Tags of a parent run naming the process that runs it, so that the next run can mark it KILLED once it is gone."""
-RUN_MANIFEST_DIR = Path("data") / "runs"
-"""Where run manifests live, relative to the project root (see :mod:`prorag.tracking.run_manifest`)."""
-
-
-def _on_termination(callback: Callable[[], None]) -> None:
-    """Call ``callback`` when the process exits, including on SIGTERM/SIGHUP (turned into ``SystemExit`` so that
-    exit handlers run) and Ctrl-C (Kedro calls ``on_pipeline_error`` only for ``Exception``s). SIGKILL cannot be
-    caught: such a run stays RUNNING / ``running``, which is still never *completed*."""
-    atexit.register(callback)  # registered after MLflow's own exit handler, so it runs first
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(signum) is signal.SIG_DFL:
-            signal.signal(signum, _exit_on_signal)
-
-
-def _exit_on_signal(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _parameters(catalog: DataCatalog) -> dict[str, Any]:
-    return catalog.load("parameters") if "parameters" in catalog else {}
-
-
-class ParameterValidationHook:
-    """Fails a run before any node runs when a parameter key is unknown or a value has the wrong type.
-
-    It validates as soon as the context exists, before Kedro's own typed-parameter check (which runs when the
-    catalog is built and reports a bare pydantic error), so that a mistyped key gets :func:`validate_parameters`'
-    message with the closest valid key; and again before the pipeline runs (hooks driven without a context).
-    """
-
-    @hook_impl(tryfirst=True)
-    def after_context_created(self, context: KedroContext) -> None:
-        from prorag.pipeline_registry import configured_methods
-        from prorag.pipelines.parameter_schemas import (  # the one explicit list
-            all_parameter_schemas,
-            check_method_references,
-        )
-
-        try:
-            parameters = context.config_loader["parameters"]  # raw, runtime parameters merged; not context.params
-        except MissingConfigException:
-            return
-        # the shared blocks first: a method entry merges them, so a typo there would be reported again per method
-        validate_parameters({key: value for key, value in parameters.items() if key != "methods"},
-                            all_parameter_schemas())
-        validate_parameters(parameters, all_parameter_schemas())
-        try:
-            catalog = context.config_loader["catalog"]
-        except MissingConfigException:
-            catalog = {}
-        registered = configured_methods(Path(context.project_path)) if "methods" in parameters else None
-        check_method_references(parameters, catalog, registered)
-
-    @hook_impl(tryfirst=True)  # before the tracking hook opens an MLflow run for a run that cannot start
-    def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,
-                            catalog: DataCatalog) -> None:
-        from prorag.pipelines.parameter_schemas import all_parameter_schemas  # the one explicit list
-
-        validate_parameters(_parameters(catalog), all_parameter_schemas())
-
-
-class GpuPreflightHook:
-    """Refuses, before any node (and before MLflow opens a run), a GPU run that cannot work: colliding GPUs or
-    ports, a trainer process that would see several GPUs (it is given ``placement.trainer_gpu`` when CUDA is not
-    initialised yet), a process that cannot fit its GPU (:func:`prorag.scale.preflight.preflight`). Runs after
-    :class:`ParameterValidationHook` (both ``tryfirst``; registered before it in ``settings.HOOKS``)."""
-
-    @hook_impl(tryfirst=True)
-    def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline, catalog: DataCatalog) -> None:
-        from prorag.scale.preflight import preflight
-
-        preflight(_parameters(catalog))
-
-
-class RunVersionHook:
-    """Inputs from completed runs that belong together, and a manifest per run (issue 11, item 3).
-
-    Before the pipeline runs, a versioned input with no saved version fails the run naming the registered
-    pipelines that write it (:func:`~prorag.tracking.missing_inputs.check_inputs_have_versions`); every other
-    versioned input without a ``--load-versions`` pin is pinned to the newest
-    version saved by a *completed* run, and the chosen versions must share their lineage, else the run fails
-    naming both versions (:func:`~prorag.tracking.run_manifest.choose_load_versions`). An optional input
-    (:func:`optional_inputs`: compare's adapters) is pinned the same way, each on its own, and loads through an
-    :class:`~prorag.datasets.OptionalVersionDataset`: ``Available(data, version)``, or ``Missing(reason)`` when no
-    version is usable (none saved, or only by runs that did not complete). The run's manifest in
-    :data:`RUN_MANIFEST_DIR` records what it loaded and saved and ends ``completed``, ``failed`` or ``killed``.
-    """
-
-    def __init__(self) -> None:
-        self._catalog: DataCatalog | None = None
-        self._manifests: RunManifests | None = None
-        self._manifest: RunManifest | None = None
-        self._exit_handler_installed = False
-
-    @hook_impl
-    def after_catalog_created(self, catalog: DataCatalog) -> None:
-        self._catalog = catalog
-
-    @hook_impl
-    def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline, catalog: DataCatalog) -> None:
-        project_path = Path(run_params.get("project_path") or Path.cwd())
-        self._manifests = manifests = RunManifests(project_path / RUN_MANIFEST_DIR)
-        for run_id in manifests.mark_lost():
-            logger.warning("run %s was killed (its process is gone): its manifest now says killed", run_id)
-        versioned = {name: dataset for name in sorted(pipeline.inputs())
-                     if (dataset := _versioned(catalog, name)) is not None}
-        available = {name: stored_versions(dataset) for name, dataset in versioned.items()}
-        pins = run_params.get("load_versions") or {}
-        optional = optional_inputs(pipeline) & set(versioned)
-        required = {name: versions for name, versions in available.items() if name not in optional}
-        check_inputs_have_versions([name for name, versions in required.items() if not versions and name not in pins],
-                                   _registered_pipeline_shapes(), lambda name: _has_data(catalog, name))
-        chosen = choose_load_versions(required, manifests, pins)
-        for name, version in chosen.items():
-            dataset = versioned[name]
-            if dataset._version.load != version and available[name][:1] != [version]:
-                _replace(catalog, name, dataset._copy(_version=Version(version, dataset._version.save)))
-        for name in sorted(optional):
-            version, reason = _optional_version(catalog, name, available[name], manifests, pins)
-            dataset = versioned[name]
-            if version is not None:
-                chosen[name] = version
-                dataset = dataset._copy(_version=Version(version, dataset._version.save))
-            _replace(catalog, name, OptionalVersionDataset(dataset=dataset, reason=reason,
-                                                           metadata=getattr(dataset, "metadata", None)))
-        self._manifest = RunManifest(run_id=run_params["run_id"], pipelines=run_params.get("pipeline_names")
-                                     or ["__default__"], loaded=chosen)
-        manifests.write(self._manifest)
-        if not self._exit_handler_installed:
-            _on_termination(self._mark_killed)
-            self._exit_handler_installed = True
-
-    @hook_impl
-    def after_dataset_saved(self, dataset_name: str) -> None:
-        if self._manifest is None or self._catalog is None:
-            return
-        dataset = _versioned(self._catalog, dataset_name)
-        if dataset is not None:
-            self._manifest.saved[dataset_name] = dataset.resolve_save_version() or self._manifest.run_id
-
-    @hook_impl
-    def after_pipeline_run(self) -> None:
-        self._finish("completed")
-
-    @hook_impl
-    def on_pipeline_error(self) -> None:
-        self._finish("failed")
-
-    def _mark_killed(self) -> None:
-        self._finish("killed")
-
-    def _finish(self, status: Literal["completed", "failed", "killed"]) -> None:
-        if self._manifest is None or self._manifests is None:
-            return
-        self._manifest.status = status
-        self._manifest.finished_at = time.time()
-        self._manifests.write(self._manifest)
-        self._manifest = None
-
-
-OPTIONAL_ARTIFACTS: Final = "artifacts"
-"""The ``**kwargs`` parameter of a node function through which the node takes optional inputs (compare's
-``run_compare_rollouts``: each trained adapter and the knowledge graph)."""
-
-
-def optional_inputs(pipeline: Pipeline) -> set[str]:
-    """The inputs that ``pipeline``'s nodes read only as optional: those a node passes to its function's
-    ``**artifacts`` (:data:`OPTIONAL_ARTIFACTS`). An input that another node of the run needs stays required (e.g.
-    ``sft_adapter`` in ``kedro run --pipelines=train_rl,compare``)."""
-    optional: set[str] = set()
-    required: set[str] = set()
-    for node in pipeline.nodes:
-        through = _optional_node_inputs(node)
-        optional.update(through)
-        required.update(set(node.inputs) - through)
-    return optional - required
-
-
-def _optional_node_inputs(node: Node) -> set[str]:
-    parameters = inspect.signature(node.func).parameters.values()
-    if not any(parameter.kind is parameter.VAR_KEYWORD and parameter.name == OPTIONAL_ARTIFACTS
-               for parameter in parameters):
-        return set()
-    named = [parameter for parameter in parameters if parameter.kind is not parameter.VAR_KEYWORD]
-    return set(node.inputs[len(named):])  # Kedro orders dict inputs as bound: the named ones, then **artifacts
-
-
-def _optional_version(catalog: DataCatalog, name: str, stored: list[str], manifests: RunManifests,
-                      pins: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """The version an optional input loads — its ``--load-versions`` pin, else the newest version saved by a
-    completed run — or None and why there is none (the inputs are independent, so lineages are not compared)."""
-    version = pins.get(name) or next((version for version in stored if manifests.usable(version)), None)
-    if version is not None:
-        return version, None
-    if stored:
-        statuses = ", ".join(f"{version} ({manifests.status(version)})" for version in stored[:3])
-        reason = (f"{name}: no stored version comes from a completed run ({statuses}); re-run its pipeline, or "
-                  f"choose one with --load-versions={name}:<version>")
-        logger.warning("%s", reason)
-    else:  # never made: the node says what it skips
-        reason = missing_input_line(name, producers(name, _registered_pipeline_shapes(),
-                                                    lambda dataset: _has_data(catalog, dataset)))
-    return None, reason
-
-
-class _WithoutReplacingWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg != "Replacing dataset '%s'"
-
-
-def _replace(catalog: DataCatalog, name: str, dataset: AbstractDataset) -> None:
-    """``catalog[name] = dataset`` without Kedro's "Replacing dataset" warning: the hook replaces an input by the
-    version it pins on purpose, and the warning would read as a problem on every run."""
-    kedro_logger = logging.getLogger(DataCatalog.__module__)  # the catalog's own logger (its class may be derived)
-    quiet = _WithoutReplacingWarning()
-    kedro_logger.addFilter(quiet)
-    try:
-        catalog[name] = dataset
-    finally:
-        kedro_logger.removeFilter(quiet)
-
-
-def _registered_pipeline_shapes() -> list[PipelineShape]:
-    """The project's registered pipelines as :class:`PipelineShape` (none outside a Kedro project)."""
-    from kedro.framework.project import pipelines
-
-    return [PipelineShape(name, frozenset(dataset for dataset in pipe.inputs()
-                                          if dataset != "parameters" and not dataset.startswith("params:")),
-                          frozenset(pipe.all_outputs()), len(pipe.nodes))
-            for name, pipe in pipelines.items()]
-
-
-def _has_data(catalog: DataCatalog, name: str) -> bool:
-    """Whether ``name`` can be loaded now: a saved version of a versioned dataset, else the dataset exists."""
-    if name not in catalog:
-        return False
-    dataset = _versioned(catalog, name)
-    return bool(dataset._get_versions()) if dataset is not None else catalog.exists(name)
-
-
-def _versioned(catalog: DataCatalog, name: str) -> AbstractVersionedDataset | None:
-    """The versioned dataset ``name`` of the catalog, or None (parameters, memory, unversioned, unknown)."""
-    if name == "parameters" or name.startswith("params:") or name not in catalog:
-        return None
-    dataset = catalog.get(name)
-    if isinstance(dataset, AbstractVersionedDataset) and dataset._version is not None:
-        return dataset
-    return None
 
 
 class MlflowTrackingHook:
@@ -379,7 +121,7 @@ class MlflowTrackingHook:
     @hook_impl
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,
                             catalog: DataCatalog) -> None:
-        parameters = _parameters(catalog)
+        parameters = catalog_parameters(catalog)
         tracking = parameters.get("tracking")
         try:
             self._settings = (tracking if isinstance(tracking, TrackingParams)
@@ -430,7 +172,7 @@ class MlflowTrackingHook:
                                  if key.startswith("mlflow.source.") or key == "mlflow.user"})
         self._log_params(self._parent_id, _used_parameters(pipeline.nodes, parameters))
         if not self._exit_handler_installed:
-            _on_termination(self._end_killed_run)
+            on_termination(self._end_killed_run)
             self._exit_handler_installed = True
 
     def _mark_lost_runs(self) -> None:
@@ -478,7 +220,7 @@ class MlflowTrackingHook:
         if isinstance(data, str) and isinstance(dataset, DirectoryDataset):
             self._adapter_names[adapter_key(data)] = dataset_name
         if dataset_name in self._settings.input_datasets:
-            self._log_input(dataset_name, data, _file_of(_local_path(self._catalog, dataset_name, saved=False)), node)
+            self._log_input(dataset_name, data, file_of(local_path(self._catalog, dataset_name, saved=False)), node)
         if dataset_name.endswith("trajectories") and is_rollout_records(data):
             self._trace_rollouts(data, None, None)
 
@@ -530,9 +272,9 @@ class MlflowTrackingHook:
     def after_dataset_saved(self, dataset_name: str, data: Any, node: Node | None) -> None:
         if not self._run_active:
             return
-        saved = _local_path(self._catalog, dataset_name, saved=True)
+        saved = local_path(self._catalog, dataset_name, saved=True)
         if dataset_name in self._settings.input_datasets:
-            self._log_input(dataset_name, data, _file_of(saved), node)
+            self._log_input(dataset_name, data, file_of(saved), node)
         if saved is None:
             return
         dataset, path = saved
@@ -820,80 +562,3 @@ def _own_entry(used: dict[str, Any], method: str) -> dict[str, Any]:
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= _MLFLOW_PARAM_VALUE_LIMIT else text[: _MLFLOW_PARAM_VALUE_LIMIT - 3] + "..."
-
-
-SMOKE_STEPS: Final = 50
-"""Fewer optimizer steps than this in every trainer of a run, and the result screen calls the run a smoke run."""
-
-
-class ResultScreenHook:
-    """The run ends on its result: the evaluation summaries it saved (``*evaluation_summary``: CEM with its
-    interval, format, retrievals, tokens, the paired Δ against standard RAG) are printed after everything else,
-    with where the files are and how to open MLflow and kedro-viz."""
-
-    def __init__(self, tracking: MlflowTrackingHook | None = None) -> None:
-        self._tracking = tracking
-        self._catalog: DataCatalog | None = None
-        self._summaries: list[tuple[str, str, Path | None]] = []
-        self._trained: list[tuple[str, int]] = []
-        """(stage, optimizer steps) of every trainer whose log this run saved."""
-
-    @hook_impl
-    def before_pipeline_run(self, catalog: DataCatalog) -> None:
-        self._catalog, self._summaries, self._trained = catalog, [], []
-
-    @hook_impl
-    def after_dataset_saved(self, dataset_name: str, data: Any) -> None:
-        if dataset_name.endswith(("training_log", "sft_metrics")) and isinstance(data, list):
-            steps = [int(entry["step"]) for entry in data if isinstance(entry, dict) and "step" in entry]
-            self._trained.append((dataset_name.removesuffix("_training_log").removesuffix("_metrics"),
-                                  max(steps, default=0)))
-        if dataset_name.endswith("evaluation_summary") and isinstance(data, str):
-            located = _local_path(self._catalog, dataset_name, saved=True)
-            self._summaries.append((dataset_name, data, None if located is None else located[1]))
-
-    @hook_impl
-    def after_pipeline_run(self) -> None:
-        if not self._summaries:
-            return
-        lines = [""]
-        for name, text, path in self._summaries:
-            lines += [f"{name}{f' ({path})' if path else ''}:", text]
-        if self._trained:
-            trained = ", ".join(f"{stage} {steps} step{'s' if steps != 1 else ''}" for stage, steps in self._trained)
-            short = max(steps for _, steps in self._trained) < SMOKE_STEPS
-            lines.append(f"Trained in this run: {trained}." + (
-                f" Under {SMOKE_STEPS} optimizer steps this is a smoke run of the pipeline (the papers train for "
-                "hundreds): the table shows what these steps produced, not what the method can do." if short
-                else ""))
-        hint = self._tracking.run_hint if self._tracking is not None else None
-        lines += ["Tables and reports: data/08_reporting/ (evaluation.csv, node_timing.md, ...)",
-                  f"This run in MLflow: {hint}" if hint else "Runs, curves and traces: make mlflow-ui "
-                  "(http://127.0.0.1:5000)", "Pipelines: make viz (http://127.0.0.1:4141)", ""]
-        sys.stdout.write("\n".join(lines))
-        sys.stdout.flush()
-
-
-def _local_path(catalog: DataCatalog | None, dataset_name: str, *, saved: bool) -> tuple[Any, Path] | None:
-    """The dataset and the local file or folder it was just loaded from (its load version) or saved to (its save
-    version), else None (memory, remote, unknown, no version to load)."""
-    if catalog is None or dataset_name not in catalog:
-        return None
-    dataset = catalog.get(dataset_name)
-    filepath = getattr(dataset, "_filepath", None)
-    if filepath is None or getattr(dataset, "_protocol", "file") != "file":
-        return None
-    if isinstance(dataset, AbstractVersionedDataset) and dataset._version is not None:
-        try:
-            path = dataset._get_versioned_path(dataset.resolve_save_version()) if saved else dataset._get_load_path()
-        except DatasetError:  # no version to load
-            return None
-    else:
-        path = filepath
-    path = Path(str(path))
-    return (dataset, path) if path.exists() else None
-
-
-def _file_of(located: tuple[Any, Path] | None) -> str | None:
-    """The path of a :func:`_local_path` result when it is a file (what a dataset input digests), else None."""
-    return str(located[1]) if located is not None and located[1].is_file() else None
