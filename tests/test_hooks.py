@@ -72,9 +72,9 @@ def test_train_rl_on_a_fresh_project_names_the_pipelines_to_run_first(project_co
     assert str(error.value).splitlines() == [
         "3 inputs of this run have no version yet:",
         "  index_questions has no version yet: run `kedro run --pipelines=index` "
-        "(or train_multistage, train_rl_instruct) first",
+        "(or train_sft, train) first",
         "  retrieval_index has no version yet: run `kedro run --pipelines=index` "
-        "(or train_multistage, train_rl_instruct) first",
+        "(or train_sft, train) first",
         "  sft_adapter has no version yet: run `kedro run --pipelines=train_sft` (or train) first"]
     assert not any((project_copy / "data").glob("0[2-8]_*/**/*.*"))  # no node ran
     assert not mlflow.search_runs(search_all_experiments=True, output_format="list")  # no MLflow run opened

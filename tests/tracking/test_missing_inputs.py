@@ -34,7 +34,7 @@ def test_a_smaller_pipeline_comes_first_once_its_inputs_exist(shapes):
 
 
 def test_aliases_are_named_once(shapes):
-    assert len({"judge", "reward_judging"} & set(producers("step_verdicts", shapes, lambda _: True))) == 1
+    assert len({"train", "train_hiprag"} & set(producers("sft_adapter", shapes, lambda _: True))) == 1
     assert "__default__" not in producers("rl_adapter", shapes, lambda _: True)
 
 
@@ -51,5 +51,5 @@ def test_several_missing_inputs_are_reported_together(shapes):
     assert str(error.value).splitlines() == [
         "2 inputs of this run have no version yet:",
         "  retrieval_index has no version yet: run `kedro run --pipelines=index` "
-        "(or train_multistage, train_rl_instruct) first",
+        "(or train_sft, train) first",
         "  sft_adapter has no version yet: run `kedro run --pipelines=train_sft` (or train) first"]
