@@ -83,7 +83,7 @@ def test_a_judge_run_leaves_no_trace_of_its_key(project_copy: Path, tmp_path: Pa
              "timeout": 120, "cache_path": str(project_copy / "data" / "judge_cache.db")}
     runtime_params = {
         "data_preparation": {"question_files": ["data/01_raw/qa/hotpotqa.jsonl"],
-                             "corpus_files": ["data/01_raw/corpus/hotpotqa.jsonl"], "max_questions_per_source": 1},
+                             "corpus_files": ["data/01_raw/corpus/hotpotqa.jsonl"], "max_questions_per_source": 2},
         "corpus_indexing": {"max_questions_per_source": 1, "max_background_passages": 5,
                             "evaluation": {"retrievers": ["bm25"], "ks": [1]}},
         "policy": {"model": BUNDLED_TINY_LLAMA, "backend": "openai", "base_url": policy_url, "api_key_env": None},

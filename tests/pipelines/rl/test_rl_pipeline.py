@@ -102,6 +102,8 @@ def test_train_evaluates_base_sft_and_rl_policies_together():
     assert pipelines["__default__"] is train
     train_rl_pipeline = pipelines["train_rl"]
     evaluate = next(node for node in train_rl_pipeline.nodes if node.name == "evaluation.evaluate_trajectories")
-    assert evaluate.inputs == ["rl_policy_trajectories"]
+    assert evaluate.inputs == ["all_trajectories"]  # the new RL arm beside the latest saved base, SFT and DPO arms
+    concat = next(node for node in train_rl_pipeline.nodes if node.name == "evaluation.concat_trajectories")
+    assert concat.inputs[0] == "rl_policy_trajectories"
     assert "rollout.run_rollouts" not in {node.name for node in train_rl_pipeline.nodes}
 
