@@ -35,12 +35,15 @@ import torch
 from pydantic import Field, ValidationError
 
 from prorag.config import StrictModel
+from prorag.judges.limits import use_ledger
+from prorag.llm.registry import make_adapter_portable
 from prorag.llm.transformers_backend import TransformersGenerator
+from prorag.memory import release_memory
 from prorag.rewards.diagnostics import grpo_advantages, uniform_groups
 from prorag.specs import PositiveInt
 from prorag.training.checkpoints import COMPLETED_MARKER, last_complete_checkpoint
-from prorag.training.devices import ensure_one_device, fp32_master_weights, launched_processes
-from prorag.training.grpo import STAT_PREFIX, AgentRollouts, RolloutBatch, unique_questions
+from prorag.training.devices import bf16_compute, ensure_one_device, fp32_master_weights, launched_processes
+from prorag.training.grpo import JUDGE_LEDGER, STAT_PREFIX, AgentRollouts, RolloutBatch, unique_questions
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -114,6 +117,7 @@ def train_torch_grpo(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase
     if (output / COMPLETED_MARKER).exists():
         logger.info("%s holds a finished run: starting afresh", output)
         shutil.rmtree(checkpoints, ignore_errors=True)
+        shutil.rmtree(output / JUDGE_LEDGER, ignore_errors=True)  # a new run, a new judge budget
         (output / COMPLETED_MARKER).unlink()
     checkpoints.mkdir(parents=True, exist_ok=True)
 
@@ -130,7 +134,7 @@ def train_torch_grpo(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase
     trainable = [parameter for parameter in policy.parameters() if parameter.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / settings.max_steps))
-    autocast = settings.dtype == "bfloat16" and (full_parameters or not settings.use_cpu)
+    autocast = bf16_compute(settings.dtype, settings.use_cpu, full_parameters=full_parameters)
 
     history: list[dict[str, Any]] = []
     start = 0
@@ -142,42 +146,48 @@ def train_torch_grpo(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase
     per_batch = batch // size
     state = _State(global_step=start)
     generation: _Generation | None = None
-    for step in range(start, settings.max_steps):
-        metrics: dict[str, float] = {}
-        if generation is None or step % args.num_iterations == 0:
-            prompts = _prompts(order, step // args.num_iterations, per_batch, size, settings.seed)
-            with _generating(policy, tokenizer, rollouts.batch_size) as generator:
-                rolled = rollouts.roll_out(prompts, generator, step=step, rank=0, group_size=size,
-                                           scale_rewards=settings.scale_rewards)
-            generation = _Generation.of(rolled, step, tokenizer, device, size, settings, args)
-            with torch.no_grad(), _autocast(device, autocast):
-                if args.num_iterations > 1:  # with one update per batch π_old is the policy itself (ρ = 1)
-                    generation.old_logps = _logps(policy, generation, settings.temperature)
-                if settings.beta > 0:
-                    with _reference(policy, reference) as frozen:
-                        generation.ref_logps = _logps(frozen, generation, settings.temperature)
-            metrics.update(_rollout_metrics(rolled, size))
-        policy.train()
-        metrics.update(_update(policy, generation, settings, args, autocast, device))
-        torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        state.global_step = step + 1
-        entry = {**metrics, "learning_rate": scheduler.get_last_lr()[0], "step": state.global_step}
-        history.append(entry)
-        for callback in callbacks:
-            callback.on_log(None, state, None, logs=dict(entry))
-            callback.on_step_end(None, state, None)
-        if state.global_step % settings.save_steps == 0 or state.global_step == settings.max_steps:
-            _save_checkpoint(checkpoints, state.global_step, policy, optimizer, scheduler, history,
-                             settings.save_total_limit)
+    with use_ledger(output / JUDGE_LEDGER):  # one judge budget and rate limit for every restart of the run
+        for step in range(start, settings.max_steps):
+            metrics: dict[str, float] = {}
+            if generation is None or step % args.num_iterations == 0:
+                prompts = _prompts(order, step // args.num_iterations, per_batch, size, settings.seed)
+                with _generating(policy, tokenizer, rollouts.batch_size) as generator:
+                    rolled = rollouts.roll_out(prompts, generator, step=step, rank=0, group_size=size,
+                                               scale_rewards=settings.scale_rewards)
+                generation = _Generation.of(rolled, step, tokenizer, device, size, settings, args)
+                with torch.no_grad(), _autocast(device, autocast):
+                    if args.num_iterations > 1:  # with one update per batch π_old is the policy itself (ρ = 1)
+                        generation.old_logps = _logps(policy, generation, settings.temperature)
+                    if settings.beta > 0:
+                        with _reference(policy, reference) as frozen:
+                            generation.ref_logps = _logps(frozen, generation, settings.temperature)
+                metrics.update(_rollout_metrics(rolled, size))
+            policy.train()
+            metrics.update(_update(policy, generation, settings, args, autocast, device))
+            metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.global_step = step + 1
+            entry = {**metrics, "learning_rate": scheduler.get_last_lr()[0], "step": state.global_step}
+            history.append(entry)
+            for callback in callbacks:  # transformers' order: step end, then the log, then the checkpoint
+                callback.on_step_end(None, state, None)
+            for callback in callbacks:
+                callback.on_log(None, state, None, logs=dict(entry))
+            if state.global_step % settings.save_steps == 0 or state.global_step == settings.max_steps:
+                _save_checkpoint(checkpoints, state.global_step, policy, optimizer, scheduler, history,
+                                 settings.save_total_limit)
     adapter = output / "adapter"
     policy.save_pretrained(str(adapter))
-    if full_parameters:
+    if full_parameters:  # a loadable model folder: the rollouts load it as the model
         tokenizer.save_pretrained(str(adapter))
+    else:  # the adapter records its base by its portable name, not this machine's cache folder
+        make_adapter_portable(adapter)
     (output / COMPLETED_MARKER).write_text(json.dumps({"global_step": state.global_step}))
     logger.info("saved the GRPO (torch) policy to %s after %d steps", adapter, state.global_step)
+    del policy, reference, optimizer, generation
+    release_memory("GRPO (torch)")
     return adapter, history
 
 
