@@ -265,22 +265,18 @@ def test_no_pipeline_imports_another_pipeline() -> None:
 
 TRL_GRPO = "prorag.training.trl_grpo"
 TRL_GRPO_CALLERS = {
-    "prorag.pipelines.rl.nodes",          # the rl node (in-process training)
-    "prorag.training.launch",             # the launcher and its worker (training under accelerate launch)
-    "prorag.training.launch_worker",
-    "prorag.training.stages",             # the GRPO run's composition: rollout function over the engine and scorer
-    "prorag.training.checkpoints",        # the TRL run's checkpoint layout
-    "prorag.training.config",             # TRL GRPOConfig field checks
     "prorag.training.toy_grpo_run",       # the TRL multi-process demo script
 }
-"""Who may import the TRL GRPO adapter: its callers and its own configuration. A second training backend (an async
-trainer, an exporter to another RL engine) is a sibling that imports the engine and the scorer, never this module."""
+"""Who may import the TRL GRPO adapter. The rl node, the launcher and its worker reach it by name through the
+trainer-backend registry (:mod:`prorag.training.backends`); a second backend is a sibling that drives the
+backend-neutral rollouts (:mod:`prorag.training.grpo`), never this module."""
 
 
 def test_the_trl_adapter_is_imported_by_its_callers_only():
     importers = {edge.source for edge in _edges() if edge.target == TRL_GRPO and not edge.type_only}
     assert importers <= TRL_GRPO_CALLERS, sorted(importers - TRL_GRPO_CALLERS)
-    for sibling in ("prorag.training.dapo", "prorag.training.probe", "prorag.rewards", "prorag.agent"):
+    for sibling in ("prorag.training.dapo", "prorag.training.probe", "prorag.training.grpo",
+                    "prorag.training.torch_grpo", "prorag.training.backends", "prorag.rewards", "prorag.agent"):
         assert not any(edge.source.startswith(sibling) and edge.target == TRL_GRPO for edge in _edges()), sibling
 
 

@@ -30,9 +30,9 @@ def test_an_unknown_field_fails_with_the_closest_trl_name():
     # transformers 5 has no warmup_ratio: warmup_steps < 1 is the ratio
     with pytest.raises(ParameterError, match=r"'warmup_ratio' in sft.trainer_args; did you mean 'warmup_steps'"):
         parse_parameters(SftParams, {"trainer_args": {"warmup_ratio": 0.1}}, "sft")
-    with pytest.raises(ParameterError, match=r"GRPOConfig field 'lr_schedular_type' in rl.trainer.trainer_args; "
+    with pytest.raises(ParameterError, match=r"GRPOConfig field 'lr_schedular_type' in rl.backend.args; "
                                              r"did you mean 'lr_scheduler_type'"):
-        parse_parameters(RLParams, {"trainer": {"trainer_args": {"lr_schedular_type": "cosine"}}}, "rl")
+        parse_parameters(RLParams, {"backend": {"args": {"lr_schedular_type": "cosine"}}}, "rl")
     with pytest.raises(ParameterError, match=r"DPOConfig field 'report_too'.*did you mean 'report_to'"):
         parse_parameters(DPOParams, {"trainer": {"trainer_args": {"report_too": ["mlflow"]}}}, "dpo")
 
@@ -40,10 +40,10 @@ def test_an_unknown_field_fails_with_the_closest_trl_name():
 def test_a_trainer_args_error_names_the_key_without_echoing_the_block():
     """The message is the bad key and the hint (issue 46, item 5), not also pydantic's copy of the whole block."""
     with pytest.raises(ParameterError) as raised:
-        parse_parameters(RLParams, {"trainer": {"loss_type": "grpo", "trainer_args": {"lr_sheduler_type": "cosine"}}},
-                         "rl")
+        parse_parameters(RLParams, {"trainer": {"loss_type": "grpo"},
+                                    "backend": {"name": "trl", "args": {"lr_sheduler_type": "cosine"}}}, "rl")
     message = str(raised.value)
-    assert message.endswith("unknown TRL GRPOConfig field 'lr_sheduler_type' in rl.trainer.trainer_args; did you "
+    assert message.endswith("unknown TRL GRPOConfig field 'lr_sheduler_type' in rl.backend.args; did you "
                             "mean 'lr_scheduler_type'?"), message
     assert "(got {" not in message and "loss_type" not in message
     with pytest.raises(ParameterError, match=r"parameter 'rl.trainer.learning_rate': .* \(got 'fast'\)"):
@@ -54,7 +54,7 @@ def test_a_field_prorag_sets_names_the_parameter_that_sets_it():
     with pytest.raises(ParameterError, match=r"SFTConfig.learning_rate is set by sft.learning_rate"):
         parse_parameters(SftParams, {"trainer_args": {"learning_rate": 1e-3}}, "sft")
     with pytest.raises(ParameterError, match=r"GRPOConfig.use_vllm is set by rl.policy_server"):
-        parse_parameters(RLParams, {"trainer": {"trainer_args": {"use_vllm": True}}}, "rl")
+        parse_parameters(RLParams, {"backend": {"args": {"use_vllm": True}}}, "rl")
     with pytest.raises(ParameterError, match=r"DPOConfig.output_dir is fixed by prorag"):
         parse_parameters(DPOParams, {"trainer": {"trainer_args": {"output_dir": "x"}}}, "dpo")
 
@@ -62,9 +62,22 @@ def test_a_field_prorag_sets_names_the_parameter_that_sets_it():
 def test_the_fields_users_asked_for_pass_validation():
     for name in ("lr_scheduler_type", "warmup_steps", "report_to", "weight_decay", "max_grad_norm"):
         assert name in trl_config_fields("SFTConfig") and name in trl_config_fields("GRPOConfig")
-    parsed = parse_parameters(RLParams, {"trainer": {"trainer_args": {"lr_scheduler_type": "cosine",
-                                                                       "warmup_steps": 0.1}}}, "rl")
-    assert parsed.trainer.trainer_args == {"lr_scheduler_type": "cosine", "warmup_steps": 0.1}
+    parsed = parse_parameters(RLParams, {"backend": {"args": {"lr_scheduler_type": "cosine", "warmup_steps": 0.1}}},
+                              "rl")
+    assert parsed.backend.args == {"lr_scheduler_type": "cosine", "warmup_steps": 0.1}
+
+
+def test_rl_trainer_args_moved_to_the_backend_and_each_backend_checks_its_own():
+    """``rl.trainer`` is prorag's GRPO settings; what passes through goes to ``rl.backend.args`` and is checked by
+    the named backend (TRL's GRPOConfig fields for trl, its own fields for torch)."""
+    with pytest.raises(ParameterError, match=r"rl.trainer.trainer_args moved to rl.backend.args"):
+        parse_parameters(RLParams, {"trainer": {"trainer_args": {"lr_scheduler_type": "cosine"}}}, "rl")
+    with pytest.raises(ParameterError, match=r"unknown trainer backend 'jax' in rl.backend.name"):
+        parse_parameters(RLParams, {"backend": {"name": "jax"}}, "rl")
+    with pytest.raises(ParameterError, match=r"rl.backend.args.max_grad_nrm"):
+        parse_parameters(RLParams, {"backend": {"name": "torch", "args": {"max_grad_nrm": 1.0}}}, "rl")
+    parsed = parse_parameters(RLParams, {"backend": {"name": "torch", "args": {"max_grad_norm": 0.5}}}, "rl")
+    assert (parsed.backend.name, parsed.backend.args) == ("torch", {"max_grad_norm": 0.5})
 
 
 def test_trainer_args_reach_trl_and_report_to_mlflow_logs_into_the_active_run(one_torch_thread, mlflow_uri,

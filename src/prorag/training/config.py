@@ -1,6 +1,7 @@
 """The trainers' settings as typed config objects: declared once here, taken whole by the trainers
-(:func:`~prorag.training.sft.train_sft_lora`, :func:`~prorag.training.trl_grpo.build_grpo_trainer`) and used as the
-parameter schemas of the ``sft`` block and of ``rl.trainer`` — a new knob is one field, not four edits."""
+(:func:`~prorag.training.sft.train_sft_lora`, the GRPO backends of :mod:`prorag.training.backends`) and used as the
+parameter schemas of the ``sft`` block, of ``rl.trainer`` (prorag's GRPO settings, which every backend honours) and
+of ``rl.backend`` (which backend, and what passes through to it) — a new knob is one field, not four edits."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from prorag.config import StrictModel
 from prorag.specs import Dtype, PositiveInt, Seed
@@ -112,12 +113,20 @@ class SFTSettings(TrainerArgs, CheckpointSettings, LoraSettings):
     """False on GPUs (conf/gpu)."""
 
 
-class GRPOSettings(TrainerArgs):
-    """A GRPO / DAPO / Dr. GRPO run with TRL's ``GRPOTrainer`` (TRL names; any other ``GRPOConfig`` field in
-    ``trainer_args``); ``per_device_train_batch_size`` counts completions (prompts × ``num_generations``)."""
+class GRPOSettings(StrictModel):
+    """A GRPO / DAPO / Dr. GRPO run, whichever backend trains it (``rl.trainer``; names follow TRL's
+    ``GRPOConfig``); ``per_device_train_batch_size`` counts completions (prompts × ``num_generations``). What only
+    one backend knows goes to ``rl.backend.args`` (:class:`TrainerBackendSettings`)."""
 
-    trl_config: ClassVar[TRLConfigName] = "GRPOConfig"
-    trl_where: ClassVar[str] = "rl.trainer.trainer_args"
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_trainer_args(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "trainer_args" in data:
+            if not data["trainer_args"]:  # an empty one (a launch bundle written before the backend seam) says nothing
+                return {key: value for key, value in data.items() if key != "trainer_args"}
+            raise ValueError("rl.trainer.trainer_args moved to rl.backend.args (passed through to the trainer "
+                             "backend: for trl, other GRPOConfig fields)")
+        return data
 
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
     max_steps: PositiveInt = 4
@@ -162,15 +171,27 @@ SFTSettings.trl_owned = {
     "data_seed": "sft.seed", "save_steps": "sft.save_steps", "save_total_limit": "sft.save_total_limit",
     **dict.fromkeys(("output_dir", "save_strategy", "completion_only_loss", "assistant_only_loss"), FIXED_BY_PRORAG),
 }
-GRPO_TRL_NAMES = ("learning_rate", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
-                  "num_generations", "loss_type", "beta", "epsilon", "epsilon_high", "scale_rewards", "temperature",
-                  "seed", "logging_steps", "save_steps", "save_total_limit", "use_cpu")
-"""The ``GRPOConfig`` fields :class:`GRPOSettings` sets under their own names."""
-GRPOSettings.trl_owned = {
-    **{name: f"rl.trainer.{name}" for name in GRPO_TRL_NAMES},
-    "activation_checkpointing": "rl.trainer.gradient_checkpointing", "bf16": "rl.trainer.dtype",
-    "fp16": "rl.trainer.dtype", "data_seed": "rl.trainer.seed", "top_p": "rl.trainer.top_p",
-    **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_server_base_url"), "rl.policy_server"),
-    **dict.fromkeys(("output_dir", "save_strategy", "mask_truncated_completions", "remove_unused_columns",
-                     "shuffle_dataset"), FIXED_BY_PRORAG),
-}
+
+
+class TrainerBackendSettings(StrictModel):
+    """``rl.backend``: the GRPO trainer backend (a name of :data:`prorag.training.backends.TRAINER_BACKENDS`, or
+    ``package.module:OBJECT``) and what passes through to it unchanged, checked by the backend."""
+
+    name: str = "trl"
+    args: dict[str, Any] = Field(default_factory=dict)
+    """The backend's own settings (trl: ``GRPOConfig`` fields prorag does not set, e.g. ``lr_scheduler_type``)."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        from prorag.training.backends import check_backend_name
+
+        return check_backend_name(name)
+
+    @model_validator(mode="after")
+    def _check_args(self) -> TrainerBackendSettings:
+        if self.args:  # checked by the backend itself (imports it; nothing is imported for none)
+            from prorag.training.backends import trainer_backend
+
+            trainer_backend(self.name).check_args(self.args, "rl.backend.args")
+        return self

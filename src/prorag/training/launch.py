@@ -591,13 +591,14 @@ def launch_dpo(model: str, rows: Sequence[Mapping[str, str]], config: Any, launc
 def launch_grpo(model: str, questions: Sequence[Any], index: Any, launch: LaunchSettings, *, trainer: Any,
                 retriever: Any, agent: Any, reward: Any, start_adapter: str | None, full_parameters: bool,
                 generation_batch_size: int, judge_for_metrics: bool, policy_server: Mapping[str, Any] | None,
-                metrics_prefix: str | None = "rl") -> LaunchResult:
-    """:func:`prorag.training.trl_grpo.train_grpo_lora` with :func:`prorag.training.stages.grpo_rollout_function`
-    under ``accelerate launch`` (the bundle: :func:`grpo_bundle`)."""
+                metrics_prefix: str | None = "rl", backend: Mapping[str, Any] | None = None) -> LaunchResult:
+    """GRPO with the trainer ``backend`` (``rl.backend``: ``{name, args}``; None: TRL's,
+    :mod:`prorag.training.backends`) and :func:`prorag.training.stages.grpo_rollout_function` under
+    ``accelerate launch`` (the bundle: :func:`grpo_bundle`)."""
     bundle = grpo_bundle(model, questions, index, launch, trainer=trainer, retriever=retriever, agent=agent,
                          reward=reward, start_adapter=start_adapter, full_parameters=full_parameters,
                          generation_batch_size=generation_batch_size, judge_for_metrics=judge_for_metrics,
-                         policy_server=policy_server, metrics_prefix=metrics_prefix)
+                         policy_server=policy_server, metrics_prefix=metrics_prefix, backend=backend)
     return run_launch(launch, bundle, mixed_precision=_mixed_precision(trainer.dtype, trainer.use_cpu,
                                                                        full_parameters=full_parameters))
 
@@ -605,9 +606,10 @@ def launch_grpo(model: str, questions: Sequence[Any], index: Any, launch: Launch
 def grpo_bundle(model: str, questions: Sequence[Any], index: Any, launch: LaunchSettings, *, trainer: Any,
                 retriever: Any, agent: Any, reward: Any, start_adapter: str | None, full_parameters: bool,
                 generation_batch_size: int, judge_for_metrics: bool, policy_server: Mapping[str, Any] | None,
-                metrics_prefix: str | None = "rl") -> Path:
+                metrics_prefix: str | None = "rl", backend: Mapping[str, Any] | None = None) -> Path:
     """The bundle of a GRPO launch. The index is not copied when the ranks can do without a copy
-    (:func:`index_reference`): they load the versioned index directory in place, or query the retrieval server."""
+    (:func:`index_reference`): they load the versioned index directory in place, or query the retrieval server.
+    ``worker.backend`` (``rl.backend``) is written only when it is not the default (TRL's, no args)."""
     check_stage("grpo", launch, policy_server=bool(policy_server))
     records = [question.to_dict() for question in questions]
     reference = index_reference(index, retriever=retriever, reward=reward, judge_for_metrics=judge_for_metrics)
@@ -617,6 +619,8 @@ def grpo_bundle(model: str, questions: Sequence[Any], index: Any, launch: Launch
               "full_parameters": full_parameters, "generation_batch_size": generation_batch_size,
               "judge_for_metrics": judge_for_metrics, "policy_server": dict(policy_server) if policy_server else None,
               "metrics_prefix": metrics_prefix, "index": reference}
+    if backend and dict(backend) != {"name": "trl", "args": {}}:
+        worker["backend"] = dict(backend)
     payload = {**worker, "trainer": _without(worker["trainer"], "resume"), "policy_server": None,
                "metrics_prefix": None, "index": _index_identity(index), "questions": content_digest(records),
                "world_size": launch.world_size, "config": launch.config}

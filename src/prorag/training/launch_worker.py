@@ -158,22 +158,23 @@ def _stage_dpo(bundle: dict[str, Any], folder: Path, callbacks: list[Any]) -> tu
 def _stage_grpo(bundle: dict[str, Any], folder: Path, callbacks: list[Any]) -> tuple[Path, list[dict[str, Any]]]:
     from prorag.data.records import Question
     from prorag.specs import RetrieverSpec, TrainedAgentSpec
-    from prorag.training.config import GRPOSettings
+    from prorag.training.backends import trainer_backend
+    from prorag.training.config import GRPOSettings, TrainerBackendSettings
     from prorag.training.stages import grpo_rollout_function
-    from prorag.training.trl_grpo import train_grpo_lora
 
     worker = bundle["worker"]
     questions = [Question.from_dict(record) for record in _read(folder / INPUTS_DIR / "questions.json")]
     index = grpo_index(worker, folder)
     trainer = GRPOSettings.model_validate(worker["trainer"], strict=False)
+    choice = TrainerBackendSettings.model_validate(worker.get("backend") or {}, strict=False)
     rollout_function = grpo_rollout_function(
         questions, index, retriever=RetrieverSpec.model_validate(worker["retriever"], strict=False),
         agent=TrainedAgentSpec.model_validate(worker["agent"], strict=False), reward=worker["reward"],
         trainer=trainer, generation_batch_size=worker["generation_batch_size"],
-        judge_for_metrics=worker["judge_for_metrics"], policy_server=worker["policy_server"])
-    return train_grpo_lora(worker["model"], questions, rollout_function, folder / RUN_DIR, trainer,
-                           adapter_dir=worker["start_adapter"], full_parameters=worker["full_parameters"],
-                           callbacks=callbacks)
+        judge_for_metrics=worker["judge_for_metrics"], policy_server=worker["policy_server"], backend=choice.name)
+    return trainer_backend(choice.name).train(
+        worker["model"], questions, rollout_function, folder / RUN_DIR, trainer, args=choice.args,
+        adapter_dir=worker["start_adapter"], full_parameters=worker["full_parameters"], callbacks=callbacks)
 
 
 def grpo_index(worker: dict[str, Any], folder: Path) -> Any:

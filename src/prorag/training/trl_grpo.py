@@ -1,16 +1,15 @@
-"""GRPO / DAPO / Dr. GRPO with TRL's ``GRPOTrainer`` over the project's multi-turn rollout engine.
+"""GRPO / DAPO / Dr. GRPO with TRL's ``GRPOTrainer`` over the project's multi-turn rollout engine: the ``trl``
+trainer backend (:data:`TRL_BACKEND`, :mod:`prorag.training.backends`; the default).
 
 * :class:`AgentRolloutFunction` is TRL's ``rollout_func``: for the prompts of a generation batch (TRL's sampler
-  already repeats each question ``num_generations`` times) it runs :class:`~prorag.agent.RolloutEngine` — the
-  HiPRAG step protocol (or Search-R1 / multi-stage), with one batched retriever call per turn — on the trainer's
-  *current* policy, in-process. It returns the exact prompt ids, the completion ids (generated and inserted
-  segments), the sampler's log-probabilities (0 for inserted tokens) and ``env_mask`` (1 for generated tokens,
-  0 for inserted ones: retrieved ``<context>`` and the engine's tags stay out of the loss). The batch is then
-  scored with :class:`~prorag.rewards.scoring.RolloutScorer` while the same policy is unwrapped, so
-  over-search re-asks use the current policy; the reward components travel to TRL as extra fields.
-  With a :class:`PolicyServer` the same rollouts and re-asks go through an OpenAI-compatible server instead
-  (``trl vllm-serve``): :func:`build_grpo_trainer` then turns on TRL's vLLM server mode, which pushes the
-  current weights (LoRA merged) to that server before every generation batch, so it serves the current policy.
+  already repeats each question ``num_generations`` times) it runs the backend-neutral
+  :class:`~prorag.training.grpo.AgentRollouts` (engine, scorer, DAPO refill) on the trainer's *current* policy,
+  in-process, and hands TRL the exact prompt ids, the completion ids (generated and inserted segments), the sampler's
+  log-probabilities (0 for inserted tokens), ``env_mask`` (1 for generated tokens, 0 for inserted ones: retrieved
+  ``<context>`` and the engine's tags stay out of the loss) and the reward components as extra fields.
+  With a :class:`~prorag.training.grpo.PolicyServer` the same rollouts and re-asks go through an OpenAI-compatible
+  server instead (``trl vllm-serve``): :func:`build_grpo_trainer` then turns on TRL's vLLM server mode, which pushes
+  the current weights (LoRA merged) to that server before every generation batch, so it serves the current policy.
 * :class:`ComponentReward` hands one component to TRL, which sums the components (each already weighted) and
   logs each one's mean and std.
 * :class:`AgentGRPOTrainer` adds the agent statistics (format rate, CEM, OSR, USR, search ratio, retrievals,
@@ -34,7 +33,6 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -43,142 +41,79 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.import_utils import is_vllm_available
 from trl.models.utils import unwrap_model_for_generation
 
-from prorag.agent.runner import build_engine
-from prorag.judges.limits import process_cost, usage_metrics, use_ledger
+from prorag.judges.limits import use_ledger
 from prorag.llm.generation import Generator
-from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
 from prorag.llm.registry import make_adapter_portable
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.memory import release_memory
-from prorag.rewards.diagnostics import process_shaped_groups
 from prorag.rewards.scoring import Ratio
-from prorag.specs import AgentSpec, SamplingSpec
-from prorag.training.config import GRPO_TRL_NAMES, GRPOSettings
-from prorag.training.dapo import refill_uniform_groups
+from prorag.training.config import FIXED_BY_PRORAG, GRPOSettings, check_trainer_args
 from prorag.training.devices import bf16_compute, ensure_one_device, fp32_master_weights
+from prorag.training.grpo import (
+    COMPLETED_MARKER,
+    JUDGE_LEDGER,
+    STAT_PREFIX,
+    AgentRollouts,
+    PolicyServer,
+    unique_questions,
+)
 from prorag.training.trl_private import GRPOTrainerHooks
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
-    from prorag.agent.trajectory import Rollout
     from prorag.data.records import Question
-    from prorag.retrieval.base import Retriever
-    from prorag.rewards.scoring import RolloutScorer
+
+__all__ = ["COMPLETED_MARKER", "JUDGE_LEDGER", "STAT_PREFIX", "TRL_BACKEND", "AgentGRPOTrainer",
+           "AgentRolloutFunction", "ComponentReward", "PolicyServer", "build_grpo_trainer", "grpo_dataset",
+           "train_grpo_lora"]
 
 logger = logging.getLogger(__name__)
 
-COMPLETED_MARKER: Final = "COMPLETED"
-JUDGE_LEDGER: Final = "judge_ledger"
-"""The run folder's judge ledger (:class:`prorag.judges.limits.JudgeLedger`): one judge budget, usage and rate limit
-for every rank and every restart of the run."""
-"""Written into the output folder when training finished: its checkpoints are then not resumed."""
 REWARD_FIELD_PREFIX: Final = "reward_"
-STAT_PREFIX: Final = "agent/"
+GRPO_TRL_NAMES = ("learning_rate", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+                  "num_generations", "loss_type", "beta", "epsilon", "epsilon_high", "scale_rewards", "temperature",
+                  "seed", "logging_steps", "save_steps", "save_total_limit", "use_cpu")
+"""The ``GRPOConfig`` fields :class:`~prorag.training.config.GRPOSettings` sets under their own names."""
+GRPO_TRL_OWNED: Final[Mapping[str, str]] = {
+    **{name: f"rl.trainer.{name}" for name in GRPO_TRL_NAMES},
+    "activation_checkpointing": "rl.trainer.gradient_checkpointing", "bf16": "rl.trainer.dtype",
+    "fp16": "rl.trainer.dtype", "data_seed": "rl.trainer.seed", "top_p": "rl.trainer.top_p",
+    **dict.fromkeys(("use_vllm", "vllm_mode", "vllm_server_base_url"), "rl.policy_server"),
+    **dict.fromkeys(("output_dir", "save_strategy", "mask_truncated_completions", "remove_unused_columns",
+                     "shuffle_dataset"), FIXED_BY_PRORAG),
+}
+"""Who sets each ``GRPOConfig`` field prorag sets: such a field in ``rl.backend.args`` fails naming it."""
 
 
-@dataclass(frozen=True)
-class PolicyServer:
-    """A vLLM server (``trl vllm-serve``) serving the policy being trained.
-
-    ``base_url`` is the server root (``http://host:8000``): TRL syncs weights through it and the rollouts use
-    its OpenAI-compatible ``/v1`` API; ``model`` is the name the server serves the policy under. The rollouts
-    send the key held by the environment variable named ``api_key_env`` (``None``: a keyless server, as
-    ``trl vllm-serve`` is); a named variable that is unset fails here, before any request, and no other
-    variable (``$OPENAI_API_KEY``) is ever sent.
-    """
-
-    base_url: str
-    model: str
-    timeout: float = 300.0
-    max_retries: int = 2
-    api_key_env: str | None = None
-
-    def __post_init__(self) -> None:
-        self.api_key()  # an unset named variable is an error now, not at the first rollout
-
-    def api_key(self) -> str:
-        """The key to send (see the class docstring)."""
-        return api_key_from_env(self.api_key_env, endpoint=f"the policy server at {self.root}", base_url=self.root)
-
-    @property
-    def root(self) -> str:
-        return self.base_url.rstrip("/")
-
-    @property
-    def openai_url(self) -> str:
-        return self.root + "/v1"
+def check_grpo_args(args: Mapping[str, Any], where: str = "rl.backend.args") -> dict[str, Any]:
+    """``args`` when each is a ``GRPOConfig`` field of the pinned TRL that prorag does not set (a typo fails with
+    the closest field, a field prorag sets with the parameter that sets it)."""
+    return check_trainer_args(args, "GRPOConfig", GRPO_TRL_OWNED, where)
 
 
-class AgentRolloutFunction:
-    """TRL ``rollout_func`` running the multi-turn engine on the trainer's current policy (module docstring).
-
-    ``questions`` are the training questions; prompts arrive as their text (the dataset's ``prompt`` column,
-    see :func:`grpo_dataset`). ``seed`` is offset by the global step and the process index, so every step and
-    process samples differently and a resumed run samples as the uninterrupted one would.
-    """
-
-    def __init__(self, questions: Sequence[Question], retriever: Retriever, scorer: RolloutScorer, agent: AgentSpec,
-                 *, top_k: int = 3, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
-                 policy_server: PolicyServer | None = None, refill_rounds: int = 0) -> None:
-        self._questions: dict[str, Question] = {}
-        for question in questions:
-            known = self._questions.setdefault(question.question, question)
-            if known is not question and tuple(known.golden_answers) != tuple(question.golden_answers):
-                raise ValueError(f"questions {known.key!r} and {question.key!r} have the same text and different "
-                                 "answers; deduplicate the training set (grpo_dataset does)")
-        self.retriever = retriever
-        self.scorer = scorer
-        self.agent = agent
-        self.top_k = top_k
-        self.sampling = SamplingSpec(temperature=temperature, top_p=top_p, seed=seed)
-        self.seed = seed
-        self.batch_size = batch_size
-        self.policy_server = policy_server
-        self.refill_rounds = refill_rounds
-        """DAPO dynamic sampling with refill: rounds of re-drawing groups whose rewards are all equal."""
-        self.last_rollouts: list[Rollout] = []
-        self.last_refill: dict[str, float] = {}
-
-    @property
-    def reward_components(self) -> tuple[str, ...]:
-        return self.scorer.components
+class AgentRolloutFunction(AgentRollouts):
+    """TRL ``rollout_func``: :class:`~prorag.training.grpo.AgentRollouts` on the trainer's current policy (module
+    docstring), its batch handed to TRL as token arrays and reward-component fields."""
 
     def __call__(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
-        questions = [self._question(prompt) for prompt in prompts]
-        step = int(trainer.state.global_step)
-        seed = self.seed + 1_000_003 * step + 7_919 * trainer.accelerator.process_index
-        spent_before = process_cost()
         with self._policy(trainer) as generator:
-            engine = build_engine(self.agent, generator, self.retriever, top_k=self.top_k, logprobs=True,
-                                  sampling=self.sampling.model_copy(update={"seed": seed}), progress=False)
-            rollouts = engine.run(questions)
-            scored = self.scorer.score(rollouts, generator, step=step)
-            if self.refill_rounds:
-                refill = refill_uniform_groups(
-                    questions, rollouts, scored, pool=list(self._questions.values()),
-                    size=int(trainer.num_generations), rounds=self.refill_rounds, seed=seed, roll_out=engine.run,
-                    score=lambda batch: self.scorer.score(batch, generator, step=step))
-                rollouts, scored, self.last_refill = refill.rollouts, refill.scored, refill.metrics
+            batch = self.roll_out(prompts, generator, step=int(trainer.state.global_step),
+                                  rank=trainer.accelerator.process_index, group_size=int(trainer.num_generations),
+                                  scale_rewards=str(trainer.scale_rewards))
         if isinstance(trainer, AgentGRPOTrainer):
-            shaped = process_shaped_groups(scored, self.scorer.reward, int(trainer.num_generations),
-                                           str(trainer.scale_rewards))
-            trainer.record_rollout_stats({**scored.stats, **({"process_shaped": shaped} if shaped else {})})
-            for name, value in self.last_refill.items():
+            trainer.record_rollout_stats(batch.stats)
+            for name, value in batch.metrics.items():  # DAPO refill; the judges' calls, tokens and cost so far
                 trainer.log_metric(name, value)
-            usage = usage_metrics()  # the judges' calls, tokens and cost so far: every rank's and restart's
-            for name, value in usage.items():
-                trainer.log_metric(name, value)
-            if usage:
-                trainer.record_judge_step_cost(process_cost() - spent_before)
-        self.last_rollouts = rollouts
-        completions = [_completion_arrays(rollout) for rollout in rollouts]
+            if batch.usage:
+                trainer.record_judge_step_cost(batch.judge_cost)
+        completions = batch.completions()
         return {
-            "prompt_ids": [list(rollout.prompt_token_ids) for rollout in rollouts],
+            "prompt_ids": [list(rollout.prompt_token_ids) for rollout in batch.rollouts],
             "completion_ids": [ids for ids, _, _ in completions],
             "logprobs": [logprobs for _, logprobs, _ in completions],
             "env_mask": [mask for _, _, mask in completions],
-            **{REWARD_FIELD_PREFIX + name: values for name, values in scored.components.items()},
+            **{REWARD_FIELD_PREFIX + name: values for name, values in batch.scored.components.items()},
         }
 
     @contextlib.contextmanager
@@ -188,30 +123,8 @@ class AgentRolloutFunction:
             with policy_generator(trainer, batch_size=self.batch_size) as generator:
                 yield generator
             return
-        server = self.policy_server
-        with OpenAICompatibleGenerator(server.openai_url, server.model, server.api_key(), mode="completions",
-                                       max_concurrency=self.batch_size, timeout=server.timeout,
-                                       max_retries=server.max_retries, tokenizer=trainer.processing_class,
-                                       return_token_ids=True) as generator:
+        with self.server_generator(trainer.processing_class) as generator:
             yield generator
-
-    def _question(self, prompt: Any) -> Question:
-        text = prompt if isinstance(prompt, str) else None
-        if text is None or text not in self._questions:
-            raise KeyError(f"prompt {str(prompt)[:80]!r} is not one of the rollout function's training questions")
-        return self._questions[text]
-
-
-def _completion_arrays(rollout: Rollout) -> tuple[list[int], list[float], list[int]]:
-    ids: list[int] = []
-    logprobs: list[float] = []
-    mask: list[int] = []
-    for segment in rollout.segments:
-        ids.extend(segment.token_ids)
-        mask.extend([int(segment.generated)] * len(segment.token_ids))
-        values = segment.logprobs if segment.generated and segment.logprobs is not None else None
-        logprobs.extend(values if values is not None else [0.0] * len(segment.token_ids))
-    return ids, logprobs, mask
 
 
 @contextlib.contextmanager
@@ -343,17 +256,9 @@ def grpo_dataset(questions: Sequence[Question]) -> Any:
     """A ``datasets.Dataset`` with TRL's ``prompt`` column (the question text; duplicates by text dropped)."""
     from datasets import Dataset
 
-    seen: set[str] = set()
-    rows = []
-    for question in questions:
-        if question.question in seen:
-            continue
-        seen.add(question.question)
-        rows.append({"prompt": question.question, "question_key": question.key, "dataset": question.dataset,
-                     "golden_answers": list(question.golden_answers)})
-    if not rows:
-        raise ValueError("no training question for GRPO")
-    return Dataset.from_list(rows)
+    return Dataset.from_list([{"prompt": question.question, "question_key": question.key,
+                               "dataset": question.dataset, "golden_answers": list(question.golden_answers)}
+                              for question in unique_questions(questions)])
 
 
 def reference_dtype(dtype: str, trainer_args: Mapping[str, Any], *, full_parameters: bool) -> dict[str, Any]:
@@ -371,13 +276,16 @@ def reference_dtype(dtype: str, trainer_args: Mapping[str, Any], *, full_paramet
 def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], questions: Sequence[Question],
                        rollout_function: AgentRolloutFunction, checkpoint_dir: str | Path, settings: GRPOSettings, *,
                        adapter_dir: str | Path | None = None, full_parameters: bool = False,
-                       callbacks: list[TrainerCallback] | None = None) -> AgentGRPOTrainer:
+                       callbacks: list[TrainerCallback] | None = None,
+                       trainer_args: Mapping[str, Any] | None = None) -> AgentGRPOTrainer:
     """An :class:`AgentGRPOTrainer` training a LoRA policy with ``rollout_function`` (see :func:`train_grpo_lora`).
 
     ``model`` is a registry spec or a loaded ``(model, tokenizer)``. ``adapter_dir`` continues training an
     existing adapter (e.g. the SFT one) instead of a fresh LoRA (``settings.lora``). ``full_parameters`` trains
-    every weight instead (HiPRAG's setting); a given adapter is then merged into the model first.
+    every weight instead (HiPRAG's setting); a given adapter is then merged into the model first. ``trainer_args``
+    (``rl.backend.args``) are other ``GRPOConfig`` fields, passed through (:func:`check_grpo_args`).
     """
+    trainer_args = check_grpo_args(trainer_args or {})
     from peft import LoraConfig, PeftModel
 
     from prorag.llm.registry import load_causal_lm
@@ -405,8 +313,8 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
         "activation_checkpointing": settings.gradient_checkpointing,
         "remove_unused_columns": False,
         "shuffle_dataset": True,
-        **settings.trainer_args,  # validated: no field set above but report_to
-        **reference_dtype(settings.dtype, settings.trainer_args, full_parameters=full_parameters),
+        **trainer_args,  # validated: no field set above but report_to
+        **reference_dtype(settings.dtype, trainer_args, full_parameters=full_parameters),
     })
     # Full-parameter training keeps fp32 master weights (and fp32 AdamW states) and computes in bf16 under
     # autocast (mixed precision, as verl / DeepSpeed bf16 / FSDP do): an update of ~lr = 1e-6 is below half a
@@ -437,7 +345,8 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
 def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], questions: Sequence[Question],
                     rollout_function: AgentRolloutFunction, output_dir: str | Path, settings: GRPOSettings, *,
                     adapter_dir: str | Path | None = None, full_parameters: bool = False,
-                    callbacks: list[TrainerCallback] | None = None) -> tuple[Path, list[dict[str, Any]]]:
+                    callbacks: list[TrainerCallback] | None = None,
+                    trainer_args: Mapping[str, Any] | None = None) -> tuple[Path, list[dict[str, Any]]]:
     """Train with :func:`build_grpo_trainer`; save only the adapter, to ``output_dir / "adapter"``.
 
     Checkpoints go to ``output_dir / "checkpoints"`` every ``save_steps``. With ``settings.resume``, an unfinished
@@ -451,7 +360,7 @@ def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
     output = Path(output_dir)
     checkpoints = output / "checkpoints"
     trainer = build_grpo_trainer(model, questions, rollout_function, checkpoints, settings, adapter_dir=adapter_dir,
-                                 full_parameters=full_parameters, callbacks=callbacks)
+                                 full_parameters=full_parameters, callbacks=callbacks, trainer_args=trainer_args)
     if trainer.accelerator.is_main_process:  # under `accelerate launch` only the main process edits the folder
         if (output / COMPLETED_MARKER).exists():
             logger.info("%s holds a finished run: starting afresh", output)
@@ -479,3 +388,26 @@ def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase]
     del trainer
     release_memory("GRPO")  # the policy, optimizer and activations' heap, before the next stage
     return adapter, history
+
+
+class TRLBackend:
+    """The ``trl`` trainer backend: TRL's ``GRPOTrainer`` (:class:`AgentGRPOTrainer`); ``rl.backend.args`` are
+    other ``GRPOConfig`` fields. Rolls out in-process or through a policy server (TRL's vLLM server mode)."""
+
+    name: Final = "trl"
+    rollouts: Final = AgentRolloutFunction
+
+    def check_args(self, args: Mapping[str, Any], where: str) -> dict[str, Any]:
+        return check_grpo_args(args, where)
+
+    def train(self, model: str, questions: Sequence[Question], rollouts: AgentRollouts, output_dir: str | Path,
+              settings: GRPOSettings, *, args: Mapping[str, Any], adapter_dir: str | Path | None,
+              full_parameters: bool, callbacks: list[Any]) -> tuple[Path, list[dict[str, Any]]]:
+        if not isinstance(rollouts, AgentRolloutFunction):
+            raise TypeError(f"the trl backend drives an AgentRolloutFunction, got {type(rollouts).__name__} (build "
+                            "it with the backend's `rollouts` class)")
+        return train_grpo_lora(model, questions, rollouts, output_dir, settings, adapter_dir=adapter_dir,
+                               full_parameters=full_parameters, callbacks=callbacks, trainer_args=args)
+
+
+TRL_BACKEND: Final = TRLBackend()

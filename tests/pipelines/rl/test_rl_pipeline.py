@@ -3,6 +3,8 @@ and the train / train_rl pipelines wiring base, SFT and RL policies into one eva
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from peft import LoraConfig, get_peft_model
 
@@ -15,7 +17,8 @@ from prorag.rewards.hiprag import HiPRAGSettings
 from prorag.rewards.multistage import MultistageSettings
 from prorag.rewards.registry import check_reward_protocol
 from prorag.specs import PolicySpec, TrainedAgentSpec
-from prorag.training.trl_grpo import COMPLETED_MARKER
+from prorag.training.config import TrainerBackendSettings
+from prorag.training.grpo import COMPLETED_MARKER
 
 POLICY = PolicySpec(model=BUNDLED_TINY_LLAMA)
 AGENT = TrainedAgentSpec(step_budget=1, max_new_tokens_per_turn=8, max_total_new_tokens=16)
@@ -70,6 +73,23 @@ def test_train_rl_continues_the_adapter_and_logs_each_step(questions, index, sta
                                                   [Question.from_dict(q) for q in questions[:4]],
                                                   POLICY, AGENT, HiPRAGSettings(), index=index.fingerprint())
     assert adapter == str(run_dir / "adapter") and (run_dir / COMPLETED_MARKER).is_file()
+
+
+@pytest.mark.parametrize("backend", ["trl", "torch"])
+def test_each_trainer_backend_trains_through_the_rl_node(backend, questions, index, start_adapter, tmp_path):
+    """The same rl node, rollouts and scorer under either trainer backend (``rl.backend.name``): each step logged
+    with the same reward and agent metrics, a finished run folder of its own, the adapter saved."""
+    params = _params(tmp_path).model_copy(update={"backend": TrainerBackendSettings(name=backend)})
+    params = params.model_copy(update={"trainer": params.trainer.model_copy(update={"max_steps": 2})})
+    adapter, log = train_rl(questions[:4], index, start_adapter, params, POLICY, AGENT, HiPRAGSettings())
+    assert [entry["step"] for entry in log if "loss" in entry] == [1, 2]
+    assert {"loss", "reward", "rewards/process/mean", "agent/format_rate", "agent/cem", "learning_rate"} <= set(log[0])
+    run_dir = Path(adapter).parent
+    assert (run_dir / COMPLETED_MARKER).is_file() and (Path(adapter) / "adapter_model.safetensors").is_file()
+    default = _params(tmp_path).model_copy(update={"trainer": params.trainer})
+    assert (run_dir.name == run_fingerprint(default, start_adapter, [Question.from_dict(q) for q in questions[:4]],
+                                            POLICY, AGENT, HiPRAGSettings(), index=index.fingerprint())) \
+        == (backend == "trl")  # the backend is part of the run's identity (TRL's, the default, adds nothing)
 
 
 def test_the_run_folder_depends_on_the_settings(questions, start_adapter, tmp_path):

@@ -59,13 +59,15 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
     which the trained-policy rollouts and reward judging read too. Every logged step goes to the active MLflow run
     as it happens (``rl.*`` metrics). The run folder is keyed by a fingerprint of the settings, the SFT adapter
     and the questions, so re-running the same configuration after an interruption resumes from its last
-    checkpoint. With ``launch.mode: accelerate`` the training runs under ``accelerate launch``
-    (:mod:`prorag.training.launch`; its bundle folder holds the checkpoints, rank 0 logs the curves).
+    checkpoint. The trainer is ``rl.backend``'s (:mod:`prorag.training.backends`; TRL's by default). With
+    ``launch.mode: accelerate`` the training runs under ``accelerate launch`` (:mod:`prorag.training.launch`; its
+    bundle folder holds the checkpoints, rank 0 logs the curves).
     """
+    from prorag.training.backends import trainer_backend
     from prorag.training.stages import grpo_rollout_function
-    from prorag.training.trl_grpo import train_grpo_lora
 
     check_reward_protocol(reward, agent.protocol)
+    backend = trainer_backend(params.backend.name)
     questions = [Question.from_dict(record) for record in question_records]
     trainer = params.trainer
     server = params.policy_server.model_dump() if params.policy_server else None
@@ -74,18 +76,19 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
         result = launch_grpo(policy.model, questions, index, launch, trainer=trainer, retriever=params.retriever,
                              agent=agent, reward=reward, start_adapter=start, full_parameters=not params.lora,
                              generation_batch_size=params.generation_batch_size,
-                             judge_for_metrics=params.judge_for_metrics, policy_server=server, metrics_prefix="rl")
+                             judge_for_metrics=params.judge_for_metrics, policy_server=server, metrics_prefix="rl",
+                             backend=params.backend.model_dump())
         return str(result.adapter), [{key: value for key, value in entry.items() if isinstance(value, int | float)}
                                      for entry in result.log_history if "step" in entry]
     rollout_function = grpo_rollout_function(
         questions, index, retriever=params.retriever, agent=agent, reward=reward, trainer=trainer,
         generation_batch_size=params.generation_batch_size, judge_for_metrics=params.judge_for_metrics,
-        policy_server=server)
+        policy_server=server, backend=params.backend.name)
     run_dir = Path(params.run_root) / run_fingerprint(params, start or "", questions, policy, agent, reward,
                                                       index=index.fingerprint())
-    adapter, history = train_grpo_lora(policy.model, questions, rollout_function, run_dir, trainer,
-                                       adapter_dir=start, full_parameters=not params.lora,
-                                       callbacks=[MlflowStepMetrics("rl")])
+    adapter, history = backend.train(policy.model, questions, rollout_function, run_dir, trainer,
+                                     args=params.backend.args, adapter_dir=start, full_parameters=not params.lora,
+                                     callbacks=[MlflowStepMetrics("rl")])
     steps = [{key: value for key, value in entry.items() if isinstance(value, int | float)}
              for entry in history if "step" in entry]
     return str(adapter), steps
@@ -109,9 +112,14 @@ def run_fingerprint(params: RLParams, sft_adapter: str, questions: list[Question
     """A short hash of everything that determines a training run (the checkpoint folder's name), the version of the
     index it retrieves from included (:meth:`~prorag.retrieval.RetrievalIndex.fingerprint`): after a re-index a run
     starts afresh instead of resuming checkpoints trained on other passages."""
-    # trainer_args only when set, so runs from before it existed keep their fingerprint (and checkpoints)
-    trainer_exclude = {"resume"} if params.trainer.trainer_args else {"resume", "trainer_args"}
-    payload = {"rl": params.model_dump(exclude={"trainer": trainer_exclude, "policy_server": True}),
+    rl = params.model_dump(exclude={"trainer": {"resume"}, "policy_server": True, "backend": True})
+    # the backend only when not TRL's (and TRL's args where they were, in trainer.trainer_args, only when set), so
+    # runs from before the backend seam keep their fingerprint (and checkpoints)
+    if params.backend.name != "trl":
+        rl["backend"] = params.backend.model_dump()
+    elif params.backend.args:
+        rl["trainer"]["trainer_args"] = dict(params.backend.args)
+    payload = {"rl": rl,
                "model": policy.model, "agent": agent.model_dump(exclude={"name"}), "reward": reward.model_dump(),
                "sft_adapter": str(Path(sft_adapter)) if sft_adapter else None,
                "questions": [question.key for question in questions]}

@@ -14,7 +14,7 @@ from pydantic import Field
 from prorag.config import StrictModel
 from prorag.data.selection import QuestionPart
 from prorag.specs import PositiveInt, RetrieverSpec
-from prorag.training.config import GRPOSettings
+from prorag.training.config import GRPOSettings, TrainerBackendSettings
 
 
 class RLQuestions(StrictModel):
@@ -53,7 +53,11 @@ class RLParams(StrictModel):
     """Train a LoRA adapter (true) or every parameter, as the paper (false; the saved policy is then a full model
     folder, which the RL-policy rollouts load as the model)."""
     trainer: GRPOSettings = GRPOSettings()
-    """TRL GRPOConfig names (:class:`prorag.training.config.GRPOSettings`)."""
+    """prorag's GRPO settings, which every trainer backend honours (TRL ``GRPOConfig`` names;
+    :class:`prorag.training.config.GRPOSettings`)."""
+    backend: TrainerBackendSettings = TrainerBackendSettings()
+    """The trainer backend (``trl``: TRL's GRPOTrainer; ``torch``: plain PyTorch, one process) and its own settings
+    (``args``, passed through; :mod:`prorag.training.backends`)."""
     retriever: RetrieverSpec = RetrieverSpec()
     generation_batch_size: PositiveInt = 8
     judge_for_metrics: bool = False
