@@ -240,3 +240,34 @@ def test_a_method_run_carries_its_own_entry_of_the_methods_and_arms_lists():
     assert used["compare"] == compare and used["policy"] == {"model": "m"}  # no entry named direct: kept whole
     assert _own_entry({"compare": compare}, "hiprag_sft")["compare"]["arms"] == [{"name": "hiprag_sft",
                                                                                   "method": "hiprag"}]
+
+
+class _RefusingDataset(MemoryDataset):
+    """A dataset whose save fails (a full disk, a permission error), after its node has run."""
+
+    def save(self, data: Any) -> None:
+        raise OSError("No space left on device (store http://user:sk-secretvalue123456@store.example/v1)")
+
+
+def test_a_stage_whose_output_fails_to_save_is_failed_with_its_parent(tmp_path: Path, mlflow_uri: str) -> None:
+    """Kedro calls ``after_node_run`` before it saves the node's outputs: a save that fails then fails the run,
+    and the stage run, which had ended FINISHED, is FAILED too (issue 47's weak point)."""
+    parameters = {"tracking": {"experiment_name": "save-fails", "system_metrics": False, "trace_samples": 0}}
+    catalog = DataCatalog({"answer": _RefusingDataset(), "parameters": MemoryDataset(parameters)})
+    hook = MlflowTrackingHook()
+    hook_manager = _create_hook_manager()
+    hook_manager.register(hook)
+    hook.after_catalog_created(catalog)
+    work = Pipeline([Node(lambda: 42, None, "answer", name="compute", namespace="stage")])
+    hook.before_pipeline_run({"run_id": SAVE_VERSION, "project_path": str(tmp_path), "pipeline_names": ["x"]},
+                             work, catalog)
+    with pytest.raises(Exception, match="No space left on device") as raised:
+        SequentialRunner().run(work, catalog, hook_manager)
+    hook.on_pipeline_error(raised.value)
+
+    runs = mlflow.search_runs([mlflow.get_experiment_by_name("save-fails").experiment_id], output_format="list")
+    [parent] = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    [stage] = [run for run in runs if run is not parent]
+    assert (parent.info.status, stage.info.status) == ("FAILED", "FAILED")
+    assert "answer" in stage.data.tags["error"] and "No space left on device" in stage.data.tags["error"]
+    assert "sk-secretvalue123456" not in stage.data.tags["error"]  # redacted

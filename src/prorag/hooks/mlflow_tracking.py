@@ -113,6 +113,8 @@ class MlflowTrackingHook:
         self._method_runs: dict[str, str] = {}
         self._logged_params: dict[str, set[str]] = {}
         self._node_started: dict[str, int] = {}
+        self._unsaved: dict[str, tuple[str, set[str]]] = {}
+        """Per node: its stage run and the outputs not saved yet (Kedro saves them after ``after_node_run``)."""
         self._traces: dict[tuple[str, str, int], TraceRef] = {}
         self._adapter_names: dict[str, str] = {}
         self._logged_inputs: set[tuple[str, str]] = set()
@@ -249,6 +251,8 @@ class MlflowTrackingHook:
                 rollouts = next((value for value in inputs.values() if is_rollout_records(value)), [])
                 self._safely("judge verdicts", self._log_verdicts, data, rollouts, rewards)
         self._safely("judge usage", self._log_judge_usage, stage_run)
+        if outputs:
+            self._unsaved[node.name] = (stage_run, set(outputs))
         self._end_stage_run(stage_run, "FINISHED")
 
     def _log_judge_usage(self, stage_run: str) -> None:
@@ -272,6 +276,8 @@ class MlflowTrackingHook:
     def after_dataset_saved(self, dataset_name: str, data: Any, node: Node | None) -> None:
         if not self._run_active:
             return
+        if node is not None and node.name in self._unsaved:
+            self._unsaved[node.name][1].discard(dataset_name)
         saved = local_path(self._catalog, dataset_name, saved=True)
         if dataset_name in self._settings.input_datasets:
             self._log_input(dataset_name, data, file_of(saved), node)
@@ -301,8 +307,21 @@ class MlflowTrackingHook:
     @hook_impl
     def on_pipeline_error(self, error: Exception) -> None:
         if self._run_active:
-            self._client.set_tag(self._parent_id, "error", redact_text(f"{type(error).__name__}: {error}")[:5000])
+            message = redact_text(f"{type(error).__name__}: {error}")[:5000]
+            self._fail_unsaved_stages(message)
+            self._client.set_tag(self._parent_id, "error", message)
             self._finish("FAILED")
+
+    def _fail_unsaved_stages(self, message: str) -> None:
+        """Mark FAILED the stage runs that ended FINISHED after their node ran but whose outputs were not all
+        saved (the save that failed the run), with the outputs not saved and the run's error."""
+        failed: dict[str, set[str]] = {}
+        for stage_run, unsaved in self._unsaved.values():
+            if unsaved:
+                failed.setdefault(stage_run, set()).update(unsaved)
+        for stage_run, unsaved in failed.items():
+            self._client.set_tag(stage_run, "error", f"not saved: {', '.join(sorted(unsaved))}; {message}"[:5000])
+            self._client.set_terminated(stage_run, status="FAILED")
 
     def _end_killed_run(self) -> None:
         """At exit with the run still open (killed, Ctrl-C): mark it KILLED rather than leave it RUNNING."""
