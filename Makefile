@@ -15,12 +15,13 @@ export PRORAG_CACHE_DIR ?= $(CURDIR)/.cache/prorag
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help setup vllm-cpu models train train-all every-pipeline experiment-hiprag test lint viz mlflow-ui clean gpu-setup gpu-lock
+.PHONY: help setup vllm-cpu models train train-all every-pipeline experiment-hiprag test test-integration lint viz mlflow-ui clean gpu-setup gpu-lock
 
 help:
 	@echo "make train       set up, then run the end-to-end pipeline: kedro run --pipelines=train"
 	@echo "make train-all   set up, then train every method of the methods map and compare them (scripts/train_all.py)"
-	@echo "make test        set up, then ruff and the test suite"
+	@echo "make test        set up, then ruff and the test suite but its integration tests (under 10 min here)"
+	@echo "make test-integration  the integration tests: kedro runs, servers, several processes, training (CI runs it)"
 	@echo "make every-pipeline  set up, then run every registered pipeline on tiny slices in a fresh copy"
 	@echo "make experiment-hiprag  HiPRAG (λp 0.4) vs Search-R1 (λp 0) on held-out PopQA questions the policy knows (~11 min to its gate)"
 	@echo "make setup       virtualenv and pinned install only; make models: also prepare the bundled models"
@@ -89,10 +90,17 @@ every-pipeline: models
 lint: setup
 	$(BIN)/ruff check src tests benchmarks experiments scripts
 
-# Two workers, a test file each at a time (module fixtures stay per file): 11 min 18 s here at the real-vLLM commit.
-# The real-vLLM tests (tests/llm/test_vllm_cpu.py) fail instead of skipping when make test runs them.
+# Two workers, a test file each at a time (module fixtures stay per file). make test runs every test but those
+# marked `integration` (5 s or more each: kedro runs, several processes, training steps), which make test-integration
+# runs; CI (.ci/run) runs both. The real-vLLM tests (tests/llm/test_vllm_cpu.py) are in make test, and fail instead
+# of skipping there.
+PYTEST = PRORAG_VLLM_PYTHON=$(VLLM_VENV)/bin/python PRORAG_REQUIRE_VLLM=1 $(BIN)/pytest -n 2 --dist loadfile
+
 test: models lint vllm-cpu
-	PRORAG_VLLM_PYTHON=$(VLLM_VENV)/bin/python PRORAG_REQUIRE_VLLM=1 $(BIN)/pytest -n 2 --dist loadfile
+	$(PYTEST) -m "not integration"
+
+test-integration: models vllm-cpu
+	$(PYTEST) -m integration
 
 viz: setup
 	$(BIN)/kedro viz run --host 127.0.0.1 --port 4141

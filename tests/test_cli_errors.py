@@ -30,6 +30,7 @@ def error_lines(completed: subprocess.CompletedProcess[str]) -> list[str]:
     return output[output.index("Error: "):].splitlines()
 
 
+@pytest.mark.integration
 def test_unknown_pipeline_is_one_line_with_the_closest_names(project_copy):
     completed = kedro_run(project_copy, "--pipelines=trian")
     assert completed.returncode == 1
@@ -39,6 +40,7 @@ def test_unknown_pipeline_is_one_line_with_the_closest_names(project_copy):
     assert lines[1:] == ["(the traceback: add --traceback or set PRORAG_TRACEBACK=1)"]
 
 
+@pytest.mark.integration
 def test_missing_input_version_names_the_pipeline_to_run_first(project_copy):
     completed = kedro_run(project_copy, "--pipelines=rl")
     assert completed.returncode == 1
@@ -48,6 +50,7 @@ def test_missing_input_version_names_the_pipeline_to_run_first(project_copy):
     assert lines[-1].startswith("(the traceback:")
 
 
+@pytest.mark.integration
 def test_mistyped_parameter_is_one_line_with_did_you_mean(project_copy):
     completed = kedro_run(project_copy, "--pipelines=data_preparation", "--params", "reward.lambda_pp=0.1")
     assert completed.returncode == 1
@@ -55,6 +58,7 @@ def test_mistyped_parameter_is_one_line_with_did_you_mean(project_copy):
                                          "did you mean 'reward.lambda_p'?")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_the_traceback_on_request(project_copy, how):
     args, env = (["--traceback"], {}) if how == "flag" else ([], {TRACEBACK_ENV: "1"})

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import mlflow
+import pytest
 from kedro.io import DataCatalog
 from kedro.pipeline import Pipeline
 
@@ -26,6 +27,7 @@ def _manifest(root: Path, run_id: str) -> dict:
     return json.loads((root / RUN_MANIFEST_DIR / f"{run_id}.json").read_text(encoding="utf-8"))
 
 
+@pytest.mark.integration
 def test_a_completed_run_whose_node_timing_cannot_be_written_is_recorded_completed(project_copy: Path, mlflow_uri):
     (project_copy / "data" / "08_reporting" / "node_timing.csv").mkdir(parents=True)  # cannot be written as a file
     completed = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines=data_preparation"],
@@ -58,6 +60,7 @@ SIGKILLED_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_a_sigkilled_run_is_marked_killed_by_the_next_run(tmp_path: Path, mlflow_uri):
     first, second = "2026-02-01T00.00.00.000Z", "2026-02-02T00.00.00.000Z"
     completed = subprocess.run([sys.executable, "-c", SIGKILLED_RUN, first, str(tmp_path)], capture_output=True,

@@ -124,6 +124,7 @@ def pipeline(adapter: str) -> Pipeline:
     ])
 
 
+@pytest.mark.integration
 def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
         tmp_path: Path, mlflow_uri: str, tiny_adapter: str) -> None:
     from prorag.judges.limits import record_usage

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from kedro.framework.startup import bootstrap_project
 
 from prorag.pipeline_registry import register_pipelines
@@ -20,6 +21,7 @@ def test_registry_has_train_as_default():
     assert set(pipelines["index"].nodes) <= set(pipelines["train"].nodes)
 
 
+@pytest.mark.integration
 def test_kedro_registry_list(project_root):
     result = subprocess.run([KEDRO, "registry", "list"], cwd=project_root, capture_output=True, text=True,
                             env={**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}, timeout=120, check=True)
@@ -28,6 +30,7 @@ def test_kedro_registry_list(project_root):
     assert "- index" in result.stdout
 
 
+@pytest.mark.integration
 def test_kedro_viz_build_shows_the_pipelines(project_copy):
     bootstrap_project(project_copy)
     subprocess.run([KEDRO, "viz", "build"], cwd=project_copy, capture_output=True, text=True,

@@ -146,6 +146,7 @@ def _text(notebook: Any) -> str:
     return "\n".join(parts)
 
 
+@pytest.mark.integration
 def test_explore_runs_notebook_executes(project_copy: Path, mlflow_uri: str, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     _make_runs(project_copy)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import mlflow
 import pandas as pd
+import pytest
 
 from prorag.agent.trajectory import Rollout
 from prorag.pipelines.compare.nodes import report_comparison
@@ -89,6 +90,7 @@ logging.getLogger("prorag.judges.llm_judge").warning("judge m at %s: 1 of 1 verd
 """
 
 
+@pytest.mark.integration
 def test_info_log_hides_credentials(project_copy: Path):
     environment = {key: value for key, value in os.environ.items() if key != "KEDRO_LOGGING_CONFIG"}
     completed = subprocess.run([sys.executable, "-c", INFO_LOG_SCRIPT], cwd=project_copy, env=environment,

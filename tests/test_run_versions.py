@@ -149,6 +149,7 @@ KILLED_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_a_killed_run_is_marked_killed_in_mlflow_and_its_manifest(tmp_path, mlflow_uri):
     completed = subprocess.run([sys.executable, "-c", KILLED_RUN, A, str(tmp_path)], capture_output=True,
                                text=True, timeout=120, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri})

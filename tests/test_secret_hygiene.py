@@ -74,6 +74,7 @@ def servers(one_torch_thread: None) -> Iterator[tuple[str, str, Any]]:
     stop_judge()
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_judge_run_leaves_no_trace_of_its_key(project_copy: Path, tmp_path: Path, mlflow_uri: str, servers,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:

@@ -84,6 +84,7 @@ def trained_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.integration
 def test_a_trained_adapter_records_a_portable_base_and_its_tokenizer(trained_project):
     adapter = trained_project / "data" / "06_models" / "rl_adapter" / VERSION / "rl_adapter"
     config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
@@ -98,6 +99,7 @@ def _prorag(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                                             "MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}"})
 
 
+@pytest.mark.integration
 def test_prorag_ask_runs_the_latest_adapter_with_the_run_s_index(trained_project):
     completed = _prorag("ask", "Who directed the film that won the 1998 Palme d'Or?", cwd=trained_project)
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -112,6 +114,7 @@ def test_prorag_ask_runs_the_latest_adapter_with_the_run_s_index(trained_project
     assert any(" tokens generated, stop: " in line for line in lines)
 
 
+@pytest.mark.integration
 def test_prorag_ask_without_a_trained_adapter_says_what_to_run(project_copy):
     completed = _prorag("ask", "Who?", cwd=project_copy)
     assert completed.returncode == 1
@@ -119,6 +122,7 @@ def test_prorag_ask_without_a_trained_adapter_says_what_to_run(project_copy):
         "Error: rl_adapter: it has no saved version; train first (`kedro run --pipelines=train`) or pass a folder")
 
 
+@pytest.mark.integration
 def test_prorag_export_writes_the_adapter_and_the_merged_model(trained_project, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -131,6 +135,7 @@ def test_prorag_export_writes_the_adapter_and_the_merged_model(trained_project, 
     assert not any("lora" in name for name, _ in model.named_parameters())
 
 
+@pytest.mark.integration
 def test_prorag_serve_adapter_serves_the_trained_policy(trained_project, tmp_path):
     adapter = trained_project / "data" / "06_models" / "rl_adapter" / VERSION / "rl_adapter"
     port = free_port()

@@ -391,6 +391,7 @@ def test_tiny_model_rollouts_record_what_it_saw(tiny_generator, keyword_retrieve
                 assert segment.logprobs is not None and len(segment.logprobs) == len(segment.token_ids)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_smollm2_rollout_on_real_hotpotqa_questions(one_torch_thread, keyword_retriever, hotpot_questions):
     from prorag.llm.transformers_backend import TransformersGenerator

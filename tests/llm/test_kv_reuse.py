@@ -153,6 +153,7 @@ def test_eviction_keeps_the_entries_the_current_call_uses():
     assert cache.nbytes == 2 * 16 * 4
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_smollm2_rollouts_with_searches_are_identical_with_and_without_reuse(one_torch_thread, retriever):
     pair = load_causal_lm(BUNDLED_SMOLLM2)

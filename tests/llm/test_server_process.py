@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.llm.server_process import free_port, served_models, start_server
 
 KEY = "sk-test-server-process-0123456789"
 
 
+@pytest.mark.integration
 def test_a_keyed_server_is_ready_when_it_lists_the_model_to_the_key(tmp_path):
     base_url = f"http://127.0.0.1:{free_port()}/v1"
     command = [sys.executable, "-m", "prorag.serving", "--model", BUNDLED_TINY_LLAMA, "--served-model-name", "keyed",

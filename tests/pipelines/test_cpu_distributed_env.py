@@ -21,6 +21,7 @@ def _kedro(project, pipeline: str) -> None:
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-6000:]
 
 
+@pytest.mark.integration
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_sft_and_rl_train_on_two_gloo_processes_from_kedro_run(project_copy, mlflow_uri):
@@ -72,6 +73,7 @@ def _write_cold_start_adapter(project) -> None:
                                      task_type="CAUSAL_LM")).save_pretrained(target)
 
 
+@pytest.mark.integration
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_dpo_trains_on_two_gloo_processes_from_kedro_run(project_copy, mlflow_uri):

@@ -77,6 +77,7 @@ def test_its_gain_counts_only_supporting_passages_found_first(info_gain, questio
     assert scores.totals == [pytest.approx(0.8 + 0.2 + 0.5 * 2 * share)]
 
 
+@pytest.mark.integration
 def test_a_fifth_method_runs_through_rollout_reward_grpo_compare_and_judging(info_gain, questions, index, tmp_path):
     chosen = [Question.from_dict(record) for record in questions[:2]]
     settings = parse_parameters(RewardSettings, ENTRY, "reward")

@@ -134,6 +134,7 @@ def test_reward_judging_scores_the_plug_in_s_trajectories(my_package, questions,
     assert metrics["skipped_trajectories"] == 0
 
 
+@pytest.mark.integration
 def test_kedro_run_loads_a_reward_and_a_protocol_named_in_conf(my_package, project_copy, questions, index):
     """A real ``kedro run --pipelines=reward_judging`` whose conf names both by path: before, every command failed
     with ``unknown reward kind`` (only a registration in code could add one)."""

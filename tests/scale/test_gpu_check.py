@@ -87,6 +87,7 @@ def test_the_memory_model_imports_where_only_torch_is():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
+@pytest.mark.integration
 def test_the_dry_run_runs_every_phase_and_reports_each_measure(tmp_path):
     """``--dry-run``: every phase on the CPU with tiny configs, through the GPU run's code (about 20 s here)."""
     done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path)], capture_output=True,

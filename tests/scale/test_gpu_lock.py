@@ -110,6 +110,7 @@ def _index_reachable(url: str = "https://pypi.org/simple/pip/") -> str | None:
         return f"the package index cannot be reached ({error}): the GPU lock was not resolved"
 
 
+@pytest.mark.integration
 @pytest.mark.network
 @pytest.mark.slow
 def test_the_lock_resolves_against_the_index_and_is_closed():

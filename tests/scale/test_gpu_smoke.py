@@ -47,6 +47,7 @@ def test_every_smoke_package_has_a_pinned_version():
     assert pins["transformers"] == "5.23.0"  # a GPU image's older transformers lacks activation_checkpointing
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_the_smoke_test_runs_every_step_on_the_cpu(tmp_path):
     """``--dry-run``: every GPU path on the CPU with the tiny model (under a minute alone on 2 cores)."""

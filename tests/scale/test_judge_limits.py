@@ -182,6 +182,7 @@ def _result(process) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.integration
 def test_two_processes_and_a_restart_share_one_judge_budget_and_rate_limit(judge_server, tmp_path):
     """Issue 43 N6: budget, usage and rate limit were per process (per rank, reset by a restart), so spend could
     reach world size x budget and start over after a crash. Two real processes share the run's ledger: their

@@ -29,6 +29,7 @@ def _dry_run(**env: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT)
 
 
+@pytest.mark.integration
 def test_the_multinode_template_passes_the_gpu_preflight():
     done = _dry_run()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

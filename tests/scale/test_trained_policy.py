@@ -56,6 +56,7 @@ def test_a_lora_trained_policy_is_loaded_into_the_policy_server_and_requested_by
     assert generator.model == loads[-1]["lora_name"] != BUNDLED_TINY_LLAMA  # the adapter's served name
 
 
+@pytest.mark.integration
 def test_a_full_parameter_trained_policy_is_served_by_name_on_its_own_server(full_model_dir, policy_server):
     url, _ = policy_server
     with socket.socket() as probe:

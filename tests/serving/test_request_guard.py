@@ -93,6 +93,7 @@ def test_loopback_binding_decides_the_allowed_hosts():
     assert allowed_hosts_for("0.0.0.0") is None and "localhost" in allowed_hosts_for("127.0.0.1")
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_32_client_load_with_bad_requests_mixed_in_fails_no_valid_request(tmp_path):
     figures_path = tmp_path / "figures.json"

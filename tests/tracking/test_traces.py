@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlflow
+import pytest
 
 from prorag.tracking.traces import TIMING_NOTE, log_rollout_trace, log_verdicts, rollout_key, sample_rollouts
 
@@ -26,6 +27,7 @@ def test_every_method_is_sampled_on_the_same_questions_first_samples_first():
     assert sample_rollouts(records, 0) == []
 
 
+@pytest.mark.integration
 def test_a_standard_rag_rollout_retrieves_before_it_generates(tmp_path: Path, mlflow_uri: str):
     experiment = mlflow.get_experiment(mlflow.create_experiment("traces", (tmp_path / "mlruns").as_uri()))
     run = mlflow.MlflowClient().create_run(experiment.experiment_id)
@@ -47,6 +49,7 @@ def test_a_standard_rag_rollout_retrieves_before_it_generates(tmp_path: Path, ml
     assert [(item.name, item.value) for item in trace.info.assessments] == [("reward", 0.5)]
 
 
+@pytest.mark.integration
 def test_verdicts_are_labelled_with_the_judge_that_gave_them(tmp_path: Path, mlflow_uri: str):
     """Issue 34: the deterministic reference judge's verdicts were labelled LLM_JUDGE."""
     experiment = mlflow.get_experiment(mlflow.create_experiment("verdicts", (tmp_path / "mlruns").as_uri()))

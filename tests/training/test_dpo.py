@@ -41,6 +41,7 @@ def test_loss_configuration() -> None:
         DPOTrainingConfig(beta=0)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_dpo_step_changes_the_adapter(tmp_path: Path, one_torch_thread: None) -> None:
     tokenizer = load_tokenizer(BUNDLED_TINY_LLAMA)

@@ -22,6 +22,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.mark.integration
 @pytest.mark.distributed
 def test_ranks_generate_different_turns_under_fsdp2_without_a_collective_then_train(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

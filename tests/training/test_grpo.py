@@ -184,6 +184,7 @@ def test_a_policy_server_without_vllm_is_refused_before_training(questions, retr
         build_grpo_trainer(BUNDLED_TINY_LLAMA, questions, function, tmp_path, _settings())
 
 
+@pytest.mark.integration
 def test_training_logs_agent_metrics_to_mlflow_and_saves_the_adapter(questions, rollout_function, tmp_path,
                                                                     mlflow_uri):
     with mlflow.start_run() as run:
@@ -203,6 +204,7 @@ def test_training_logs_agent_metrics_to_mlflow_and_saves_the_adapter(questions, 
     assert [point.step for point in client.get_metric_history(run.info.run_id, "rl.reward")] == [1, 2]
 
 
+@pytest.mark.integration
 def test_the_multistage_stage_switch_shows_in_the_mlflow_step_metrics(questions, retriever, tmp_path, mlflow_uri,
                                                                       one_torch_thread):
     from prorag.retrieval.embedder import load_embedder
@@ -300,6 +302,7 @@ def test_grpo_dataset_has_the_prompt_column_and_drops_duplicate_texts(questions)
     assert dataset["prompt"] == [question.question for question in questions]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, one_torch_thread):
     script = tmp_path / "train.py"
@@ -326,6 +329,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, one_torch_threa
     assert (out / "adapter" / "adapter_config.json").is_file()
 
 
+@pytest.mark.integration
 def test_the_policy_is_freed_when_train_grpo_lora_returns(questions, retriever, tmp_path, one_torch_thread):
     """`make train` runs every stage in one process: the GRPO policy (held in reference cycles by TRL's patched
     forward and the trainer) must not stay alive into the trained-policy rollouts, even with the cyclic collector
@@ -351,6 +355,7 @@ def test_the_policy_is_freed_when_train_grpo_lora_returns(questions, retriever, 
         gc.enable()
 
 
+@pytest.mark.integration
 def test_full_parameter_training_from_the_instruct_model_saves_a_loadable_model(questions, retriever, tmp_path,
                                                                                  one_torch_thread):
     from prorag.assembly import build_policy

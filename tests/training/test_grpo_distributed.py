@@ -19,6 +19,7 @@ LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--
           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_accelerate_launch_trains_grpo_on_two_gloo_processes(tmp_path):
     out = tmp_path / "run"

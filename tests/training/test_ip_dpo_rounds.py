@@ -75,6 +75,7 @@ def _tiny_adapter(path: Path) -> str:
     return str(path)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_one_round_samples_scores_pairs_and_trains(tmp_path: Path, one_torch_thread: None) -> None:
     tokenizer = load_tokenizer(BUNDLED_TINY_LLAMA)

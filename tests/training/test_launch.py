@@ -95,6 +95,7 @@ def test_fsdp1_with_in_process_rollouts_and_vllm_colocate_are_refused_fsdp2_is_a
 # ------------------------------------------------------------------------------------------ 2 gloo processes
 
 
+@pytest.mark.integration
 @pytest.mark.distributed
 def test_sft_trains_on_two_gloo_processes_and_checkpoints(tmp_path):
     result = launch_sft(TINY, EXAMPLES, _sft(), _launch(tmp_path))
@@ -109,6 +110,7 @@ def test_sft_trains_on_two_gloo_processes_and_checkpoints(tmp_path):
     assert bundle["format"] == 1 and bundle["stage"] == "sft" and bundle["launch"]["processes_per_machine"] == 2
 
 
+@pytest.mark.integration
 @pytest.mark.distributed
 def test_a_rank_that_raises_fails_the_launch_with_its_traceback_and_keeps_the_checkpoints(tmp_path, monkeypatch):
     from prorag.training.dpo import DPOTrainingConfig
@@ -161,6 +163,7 @@ def _ranks_of(bundle_root: Path) -> list[int]:
     return found
 
 
+@pytest.mark.integration
 @pytest.mark.distributed
 def test_kill_9_of_the_launcher_then_the_same_launch_resumes(tmp_path):
     root = tmp_path / "launches"
@@ -294,6 +297,7 @@ def _outputs(result) -> dict[str, object]:
             "global_step": result.global_step}
 
 
+@pytest.mark.integration
 @pytest.mark.distributed
 @pytest.mark.parametrize("stage", ["sft", "dpo"])
 def test_two_processes_produce_what_one_process_does_for_the_same_global_batch(tmp_path, stage):

@@ -66,6 +66,7 @@ time.sleep(30)  # then silence: what a deadlocked collective prints
 """
 
 
+@pytest.mark.integration
 def test_a_silent_launch_is_stopped_at_its_deadline_with_its_whole_process_tree(tmp_path, monkeypatch):
     import prorag.training.launch as launch
 
@@ -89,6 +90,7 @@ def test_a_silent_launch_is_stopped_at_its_deadline_with_its_whole_process_tree(
             _kill([_read_pid(rank_pid, 0)])
 
 
+@pytest.mark.integration
 @pytest.mark.distributed
 def test_a_rank_hung_in_a_collective_is_stopped_at_the_deadline(tmp_path, monkeypatch, caplog):
     """Two gloo ranks of a real SFT launch; rank 1 sleeps silently after step 1 while rank 0 waits in the next
@@ -144,6 +146,7 @@ launch.run_launch(settings, bundle)
 """
 
 
+@pytest.mark.integration
 def test_kill_9_of_the_launching_process_leaves_no_rank_behind(tmp_path):
     """kedro (stand-in) → ``accelerate launch`` → a rank whose stdout and stderr are the pipe to kedro: ``kill -9`` of
     kedro closes the pipe and ends accelerate's launcher (SIGTERM on its parent's death); the rank ends too."""
@@ -166,6 +169,7 @@ def test_kill_9_of_the_launching_process_leaves_no_rank_behind(tmp_path):
             _kill([rank])
 
 
+@pytest.mark.integration
 def test_a_rank_on_another_machine_does_not_watch_the_first_machines_pid(tmp_path):
     """Machine 1's ranks inherit machine 0's environment through ``srun``: a launcher pid there names a process of
     another machine (here: one that does not exist). The rank keeps running while its own launcher lives."""
@@ -249,6 +253,7 @@ def test_an_external_launch_without_a_result_stops_waiting_at_its_timeout(tmp_pa
         run_launch(settings, bundle)
 
 
+@pytest.mark.integration
 @pytest.mark.distributed
 def test_the_scheduler_trains_an_external_launch_and_the_node_reads_its_result(tmp_path):
     """SFT on the tiny Llama: the node (a thread here) writes the bundle and waits; the scheduler (this test) runs the

@@ -75,6 +75,7 @@ def test_bad_ranges_and_a_precomputed_reference_are_refused(tmp_path: Path) -> N
         train_dpo_lora(BUNDLED_TINY_LLAMA, rows, tmp_path, DPOTrainingConfig(precompute_ref_log_probs=True))
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_masked_dpo_step_trains(tmp_path: Path, one_torch_thread: None) -> None:
     tokenizer = load_tokenizer(BUNDLED_TINY_LLAMA)

@@ -123,6 +123,7 @@ def test_malformed_completion_is_rejected(tokenizer):
                                            "</think><answer>x</answer>", protocol="hiprag")
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_train_sft_lora_writes_a_loadable_adapter(one_torch_thread, tokenizer, musique, tmp_path):
     from peft import PeftModel
@@ -147,6 +148,7 @@ def test_train_sft_lora_writes_a_loadable_adapter(one_torch_thread, tokenizer, m
     assert lora_b and any(param.abs().sum() > 0 for param in lora_b)  # trained away from the zero init
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize(("mixed_precision", "computed_in"), [("no", "torch.float32"), ("bf16", "torch.bfloat16")])
 def test_mixed_precision_computes_in_bf16_over_fp32_weights(one_torch_thread, tokenizer, musique, tmp_path,

@@ -113,6 +113,7 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_grows_with_training():
     assert kls[2] > kls[1] > 0.0
 
 
+@pytest.mark.integration
 def test_a_run_trains_the_adapter_logs_the_metrics_and_resumes_after_an_interruption(questions, retriever,
                                                                                      tmp_path):
     settings = GRPOSettings(max_steps=3, **SETTINGS)

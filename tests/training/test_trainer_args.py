@@ -80,6 +80,7 @@ def test_rl_trainer_args_moved_to_the_backend_and_each_backend_checks_its_own():
     assert (parsed.backend.name, parsed.backend.args) == ("torch", {"max_grad_norm": 0.5})
 
 
+@pytest.mark.integration
 def test_trainer_args_reach_trl_and_report_to_mlflow_logs_into_the_active_run(one_torch_thread, mlflow_uri,
                                                                                tmp_path):
     tokenizer = load_tokenizer(BUNDLED_TINY_LLAMA)

@@ -98,6 +98,7 @@ def _session_run(project, **runtime_params):
         return session.run(pipeline_names=["data_preparation"])
 
 
+@pytest.mark.integration
 def test_run_is_tracked_in_mlflow(project_copy, mlflow_uri, monkeypatch):
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")  # MLflow's default, 10 s, outlasts the run
     _session_run(project_copy, data_preparation={"max_questions_per_source": 5},
@@ -132,6 +133,7 @@ def test_run_is_tracked_in_mlflow(project_copy, mlflow_uri, monkeypatch):
     assert {a.path for a in client.list_artifacts(run.info.run_id, "reporting")} == {"reporting/node_timing"}
 
 
+@pytest.mark.integration
 def test_failed_run_is_marked_failed_with_file_and_line(project_copy, mlflow_uri):
     bad = project_copy / "bad.jsonl"
     bad.write_text('{"id": "1", "question": "q", "golden_answers": ["a"], "dataset": "d"}\n{"id": 2,\n')
@@ -145,6 +147,7 @@ def test_failed_run_is_marked_failed_with_file_and_line(project_copy, mlflow_uri
     assert "bad.jsonl:2" in run.data.tags["error"] and "bad.jsonl:2" in stage.data.tags["error"]
 
 
+@pytest.mark.integration
 def test_missing_data_file_names_its_path(project_copy, mlflow_uri):
     with pytest.raises(DataFileError, match=r"data/01_raw/qa/nope\.jsonl: file not found"):
         _session_run(project_copy, data_preparation={"question_files": ["data/01_raw/qa/nope.jsonl"]})

@@ -24,6 +24,7 @@ PAIRS = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_train_dpo_logs_curves_and_returns_the_adapter(mlflow_uri: str) -> None:
     params = DPOParams(trainer={"learning_rate": 1e-3, "max_steps": 2, "per_device_train_batch_size": 1,

@@ -71,6 +71,7 @@ def test_pipelines_run_alone_read_every_trained_policy(pipelines, name):
     assert trained <= summary.inputs()
 
 
+@pytest.mark.integration
 def test_kedro_run_evaluation_keeps_the_trained_policies(project_copy: Path):
     """A real ``kedro run --pipelines=evaluation`` over saved base, SFT and RL rollouts (none for DPO)."""
     outputs = project_copy / "data" / "07_model_output"

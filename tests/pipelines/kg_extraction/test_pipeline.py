@@ -89,6 +89,7 @@ def test_registered_pipelines():
     assert "kag_retrieval_index" in pipelines["rollout_kag"].all_inputs()
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_kedro_viz_shows_kg_extraction(project_copy):
     bootstrap_project(project_copy)

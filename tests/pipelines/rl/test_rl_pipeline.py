@@ -64,6 +64,7 @@ def test_rl_params_are_checked():
         RLParams(trainer={"learning_rat": 1e-5})
 
 
+@pytest.mark.integration
 def test_train_rl_continues_the_adapter_and_logs_each_step(questions, index, start_adapter, tmp_path):
     params = _params(tmp_path)
     adapter, log = train_rl(questions[:4], index, start_adapter, params, POLICY, AGENT, HiPRAGSettings())
@@ -75,6 +76,7 @@ def test_train_rl_continues_the_adapter_and_logs_each_step(questions, index, sta
     assert adapter == str(run_dir / "adapter") and (run_dir / COMPLETED_MARKER).is_file()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backend", ["trl", "torch"])
 def test_each_trainer_backend_trains_through_the_rl_node(backend, questions, index, start_adapter, tmp_path):
     """The same rl node, rollouts and scorer under either trainer backend (``rl.backend.name``): each step logged

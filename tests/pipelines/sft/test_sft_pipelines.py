@@ -60,6 +60,7 @@ def test_synthesis_rejects_unknown_sources(questions, index):
         synthesize_sft_data(questions, [], index, SftSynthesisParams(sources=["bamboogle"]), AGENT)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_sft_adapter_is_saved_versioned_and_rolls_out(questions, index, tmp_path):
     records, _ = synthesize_sft_data(questions, [], index, SftSynthesisParams(), AGENT)

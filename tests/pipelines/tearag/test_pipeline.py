@@ -50,6 +50,7 @@ def test_sft_data_excludes_the_evaluation_questions(questions, tmp_path, one_tor
         build_sft_data(questions, [], _kg(tmp_path), _params(sft_data={"sources": ["nq"]}))
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_sft_ip_dpo_and_rollouts_chain(questions, index, tmp_path, one_torch_thread):
     kg, params = _kg(tmp_path), _params()
