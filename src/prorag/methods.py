@@ -58,13 +58,6 @@ RECIPE_ADAPTERS: Final[dict[str, tuple[str, ...]]] = {"sft_rl": ("sft_adapter",)
 KNOWLEDGE_GRAPH: Final = "knowledge_graph"
 """The dataset the ``kag`` retrievers need (``kedro run --pipelines=kg_extraction``)."""
 
-TRAINED_REWARD_KEYS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
-    "tearag": ("ip_dpo", ("similarity", "normalization", "weight_consistency", "weight_subquery", "weight_context",
-                          "weight_summary")),
-}
-"""Stage blocks that train with their method's reward: the part of the block and the reward keys it reads. The
-resolver writes them from the method's ``reward``, so training and judging score with one definition; a block that
-sets one of them to another value is an error."""
 EVALUATION_SAMPLING: Final[dict[str, str]] = {"tearag": "evaluation_sampling"}
 """Blocks that evaluate with the rollout's sampling (``rollout.temperature``, ``top_p``, ``seed``), as ``compare``
 does, unless they set their own."""
@@ -192,19 +185,6 @@ def _with_method(block: str, values: Mapping[str, Any], method: Mapping[str, Any
         values["retriever"] = _retriever_for(block, method["retriever"])
     if block in AGENT_BLOCKS and "agent" not in explicit:
         values["agent"] = copy.deepcopy(method["agent"])
-    if block in TRAINED_REWARD_KEYS:
-        part, keys = TRAINED_REWARD_KEYS[block]
-        own = dict(values.get(part) or {})
-        for key in keys:
-            if key not in method["reward"]:
-                continue
-            if key in own and own[key] != method["reward"][key]:
-                raise ParameterError(
-                    f"invalid parameters: {block}.{part}.{key} ({own[key]!r}) is not the method's reward "
-                    f"{key} ({method['reward'][key]!r}): the method trains and is judged with one reward; set it "
-                    f"in its methods entry's reward")
-            own[key] = copy.deepcopy(method["reward"][key])
-        values[part] = own
     return values
 
 
