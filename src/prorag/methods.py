@@ -7,7 +7,10 @@ to, and only what differs from the settings every method shares:
 - ``reward`` — merged over the shared ``reward`` block; when the entry names another ``kind``, only the keys that
   kind's settings take are inherited (the detection settings, for one);
 - ``retriever`` — merged over the shared ``retriever`` block;
-- ``stages`` — per stage of the recipe, keys merged over that stage's shared block (``rl``, ``sft``, …).
+- ``stages`` — per stage of the recipe, keys merged over that stage's shared block (``rl``, ``sft``, …);
+- ``value`` — for a recipe that searches trees (MCTS), the value function they are searched for and its pairs
+  ranked by (:class:`prorag.training.mcts.MCTSValue`: SPRE or eq. 6's judgment); the ``reward`` is then the
+  yardstick its rollouts are judged with.
 
 :func:`resolve_parameters` turns the map into complete entries (the project's config loader calls it, so
 ``params:methods.<name>.agent`` and ``params:methods.<name>.stages.rl`` are complete blocks) and gives every
@@ -38,6 +41,9 @@ RECIPE_STAGES: Final[dict[str, tuple[str, ...]]] = {
     "tearag": ("tearag",),                             # TeaRAG: SFT -> IP-DPO rounds (its own block)
 }
 """The parameter blocks each recipe's stages read (besides ``agent``, ``reward`` and ``policy``)."""
+
+VALUE_STAGE: Final = "reasonrag_data"
+"""The stage that searches trees for its method's ``value`` (MCTS)."""
 
 SHARED_BLOCKS: Final = ("agent", "reward", "retriever")
 TRAINER_BLOCKS: Final = ("sft", "rl.trainer", "dpo.trainer", "tearag.sft", "tearag.ip_dpo.trainer")
@@ -78,12 +84,17 @@ class MethodEntry(StrictModel):
     reward: dict[str, Any] = Field(default_factory=dict)
     retriever: dict[str, Any] = Field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    value: dict[str, Any] | None = None
+    """The MCTS value function (recipes with a :data:`VALUE_STAGE`); None for other recipes."""
 
     def check_stages(self, name: str) -> None:
         extra = sorted(set(self.stages) - set(RECIPE_STAGES[self.recipe]))
         if extra:
             raise ValueError(f"methods.{name}.stages: {extra} are not stages of recipe {self.recipe!r} "
                              f"({', '.join(RECIPE_STAGES[self.recipe])})")
+        if self.value is not None and VALUE_STAGE not in RECIPE_STAGES[self.recipe]:
+            raise ValueError(f"methods.{name}.value: recipe {self.recipe!r} searches no tree (a value function is "
+                             f"for recipes with a {VALUE_STAGE} stage); its training signal is the entry's reward")
 
 
 def compare_artifacts(methods: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -169,6 +180,8 @@ def _resolve_entry(entry: MethodEntry, parameters: Mapping[str, Any]) -> dict[st
         "reward": reward,
         "retriever": merge(parameters.get("retriever"), entry.retriever),
     }
+    if VALUE_STAGE in RECIPE_STAGES[entry.recipe]:
+        method["value"] = dict(entry.value or {})
     method["stages"] = {stage: _with_method(stage, merge(parameters.get(stage), entry.stages.get(stage)), method,
                                             explicit=entry.stages.get(stage) or {})
                         for stage in RECIPE_STAGES[entry.recipe]}

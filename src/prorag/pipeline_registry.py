@@ -75,10 +75,11 @@ DEFAULT_METHOD = "hiprag"
 
 
 def for_method(name: str, method: Mapping[str, Any], stages: Pipeline) -> Pipeline:
-    """``stages`` reading method ``name``'s parameters: its agent, reward and retriever and its recipe's stage
+    """``stages`` reading method ``name``'s parameters: its agent, reward, retriever and value and its recipe's stage
     blocks (only the ``params:`` inputs the pipeline has are mapped)."""
     used = {dataset for dataset in stages.inputs() if dataset.startswith("params:")}
-    mapping = {f"params:{block}": f"params:methods.{name}.{block}" for block in ("agent", "reward", "retriever")}
+    mapping = {f"params:{block}": f"params:methods.{name}.{block}"
+               for block in ("agent", "reward", "retriever", "value")}
     mapping |= {f"params:{stage}": f"params:methods.{name}.stages.{stage}" for stage in RECIPE_STAGES[method["recipe"]]}
     return pipeline(stages, parameters={source: target for source, target in mapping.items() if source in used})
 

@@ -34,6 +34,7 @@ from prorag.scale.placement import PlacementSpec
 from prorag.specs import ComputeSpec, PolicySpec, RetrieverSpec, TrainedAgentSpec
 from prorag.tracking import TrackingParams
 from prorag.training.launch import LaunchSettings
+from prorag.training.mcts import MCTSValue
 
 
 class MethodStages(StrictModel):
@@ -59,6 +60,8 @@ class MethodParams(StrictModel):
     """Validated by the settings of the reward its ``kind`` names (:class:`RewardSettings`)."""
     retriever: RetrieverSpec
     stages: MethodStages
+    value: MCTSValue | None = None
+    """The MCTS value function (recipes that search trees; :class:`prorag.training.mcts.MCTSValue`)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> MethodParams:
