@@ -22,25 +22,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from prorag.config import ParameterError, StrictModel
-
-Recipe = Literal["sft_rl", "rl_from_sft", "rl_from_instruct", "mcts_dpo", "sft_mcts_dpo", "tearag"]
-
-RECIPE_STAGES: Final[dict[str, tuple[str, ...]]] = {
-    "sft_rl": ("sft_synthesis", "sft", "rl"),          # gold trajectories -> LoRA SFT -> GRPO (HiPRAG §4)
-    "rl_from_sft": ("rl",),                            # GRPO continuing the latest SFT adapter
-    "rl_from_instruct": ("rl",),                       # GRPO from the instruct model, no SFT stage
-    "mcts_dpo": ("reasonrag_data", "dpo"),             # ReasonRAG: MCTS + SPRE pairs -> DPO
-    # ReasonRAG with a cold-started explorer: gold trajectories in the method's protocol -> LoRA SFT, which explores
-    # the trees and which DPO continues
-    "sft_mcts_dpo": ("sft_synthesis", "sft", "reasonrag_data", "dpo"),
-    "tearag": ("tearag",),                             # TeaRAG: SFT -> IP-DPO rounds (its own block)
-}
-"""The parameter blocks each recipe's stages read (besides ``agent``, ``reward`` and ``policy``)."""
+from prorag.recipes import get_recipe
 
 VALUE_STAGE: Final = "reasonrag_data"
 """The stage that searches trees for its method's ``value`` (MCTS)."""
@@ -59,8 +46,6 @@ method's (``stages`` of a resolved entry)."""
 AGENT_BLOCKS: Final = ("tearag",)
 """Stage blocks that carry the agent they train (TeaRAG's block): it is the method's ``agent``."""
 
-RECIPE_ADAPTERS: Final[dict[str, tuple[str, ...]]] = {"sft_rl": ("sft_adapter",)}
-"""Adapters a recipe trains besides its method's ``adapter`` that ``compare`` evaluates (HiPRAG's SFT stage)."""
 KNOWLEDGE_GRAPH: Final = "knowledge_graph"
 """The dataset the ``kag`` retrievers need (``kedro run --pipelines=kg_extraction``)."""
 
@@ -76,7 +61,8 @@ that method)."""
 class MethodEntry(StrictModel):
     """One entry of ``methods`` as written in conf: the recipe, the adapter, and overrides of shared settings."""
 
-    recipe: Recipe
+    recipe: str
+    """A built-in recipe (:func:`prorag.recipes.recipe_names`) or a dotted path to a :class:`~prorag.recipes.Recipe`."""
     adapter: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_]+$")
     """The catalog dataset the method's trained policy is saved as (an input of ``compare``)."""
     description: str = ""
@@ -87,22 +73,30 @@ class MethodEntry(StrictModel):
     value: dict[str, Any] | None = None
     """The MCTS value function (recipes with a :data:`VALUE_STAGE`); None for other recipes."""
 
+    @field_validator("recipe")
+    @classmethod
+    def _known(cls, recipe: str) -> str:
+        get_recipe(recipe)
+        return recipe
+
     def check_stages(self, name: str) -> None:
-        extra = sorted(set(self.stages) - set(RECIPE_STAGES[self.recipe]))
+        stages = get_recipe(self.recipe).stages
+        extra = sorted(set(self.stages) - set(stages))
         if extra:
             raise ValueError(f"methods.{name}.stages: {extra} are not stages of recipe {self.recipe!r} "
-                             f"({', '.join(RECIPE_STAGES[self.recipe])})")
-        if self.value is not None and VALUE_STAGE not in RECIPE_STAGES[self.recipe]:
+                             f"({', '.join(stages)})")
+        if self.value is not None and VALUE_STAGE not in stages:
             raise ValueError(f"methods.{name}.value: recipe {self.recipe!r} searches no tree (a value function is "
                              f"for recipes with a {VALUE_STAGE} stage); its training signal is the entry's reward")
 
 
 def compare_artifacts(methods: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The trained datasets ``compare`` takes as inputs, one per adapter of the ``methods`` map (each method's
-    ``adapter``, and those of :data:`RECIPE_ADAPTERS`) and the knowledge graph: each is optional there (an arm
-    whose adapter has no usable version is skipped, naming why)."""
+    ``adapter``, and its recipe's other :attr:`~prorag.recipes.Recipe.adapters`) and the knowledge graph: each is
+    optional there (an arm whose adapter has no usable version is skipped, naming why)."""
     names = [*(method.get("adapter") for method in methods.values()),
-             *(extra for method in methods.values() for extra in RECIPE_ADAPTERS.get(method.get("recipe"), ())),
+             *(extra for method in methods.values() if method.get("recipe")
+               for extra in get_recipe(method["recipe"]).adapters),
              KNOWLEDGE_GRAPH]
     return list(dict.fromkeys(name for name in names if name))
 
@@ -180,11 +174,12 @@ def _resolve_entry(entry: MethodEntry, parameters: Mapping[str, Any]) -> dict[st
         "reward": reward,
         "retriever": merge(parameters.get("retriever"), entry.retriever),
     }
-    if VALUE_STAGE in RECIPE_STAGES[entry.recipe]:
+    stages = get_recipe(entry.recipe).stages
+    if VALUE_STAGE in stages:
         method["value"] = dict(entry.value or {})
     method["stages"] = {stage: _with_method(stage, merge(parameters.get(stage), entry.stages.get(stage)), method,
                                             explicit=entry.stages.get(stage) or {})
-                        for stage in RECIPE_STAGES[entry.recipe]}
+                        for stage in stages}
     return method
 
 
