@@ -18,8 +18,10 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parents[1] / "src"
 ROOT = "prorag"
 APPLICATION = {"pipelines", "hooks", "pipeline_registry", "settings", "config_loader", "__main__", "cli", "console",
-               "use_agent"}
-"""Top-level parts of prorag that are the Kedro application, not the library: they may import anything."""
+               "use_agent", "methods", "recipes"}
+"""Top-level parts of prorag that are the Kedro application, not the library: they may import anything. ``recipes``
+compose the stage pipelines; ``methods`` resolves the parameters' ``methods`` map for the config loader, asking each
+entry's recipe for its stages."""
 SHARED_PIPELINE_MODULES = {"prorag.pipelines.tags", "prorag.pipelines.parameter_schemas"}
 
 

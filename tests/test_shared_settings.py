@@ -379,31 +379,59 @@ def test_compute_is_overridden_once_for_all_and_a_block_keeps_its_own():
     assert one["rl"]["trainer"]["dtype"] == "bfloat16" and one["sft"]["dtype"] == one["policy"]["dtype"] == "float32"
 
 
+def _reward_reader(pipeline, node_suffix: str) -> str:
+    node = next(node for node in pipeline.nodes if node.name.endswith(node_suffix))
+    readers = [name for name in node.inputs if name.endswith(".reward") or name == "params:reward"]
+    assert len(readers) == 1, (node.name, node.inputs)
+    return readers[0]
+
+
+def test_tearag_trains_and_is_judged_from_one_reward_entry():
+    """IP-DPO's node and reward judging in ``train_tearag`` (and the standalone ``tearag`` pipeline) read one
+    parameter, the method's ``reward``: before, IP-DPO read six keys of ``tearag.ip_dpo`` (a copy the resolver
+    wrote) and built its settings by hand."""
+    pipelines = register_pipelines()
+    judged = _reward_reader(pipelines["train_tearag"], "reward_judging.judge_trajectories")
+    assert judged == "params:methods.tearag.reward"
+    assert _reward_reader(pipelines["train_tearag"], "tearag.run_ip_dpo_rounds") == judged
+    assert _reward_reader(pipelines["tearag"], "tearag.run_ip_dpo_rounds") == judged
+
+
 @pytest.mark.parametrize("env", sorted(ENVS))
 def test_tearag_trains_and_is_judged_with_one_reward(env):
-    """What IP-DPO scores its samples with (the settings the tearag node builds its reward from) is what reward
-    judging and compare build for the method: under --env gpu training used the bge-reranker similarity and
-    judging the MiniLM embedder."""
+    """What IP-DPO scores its samples with (the reward its node builds from the parameter it reads) is what reward
+    judging and compare build for the method, every setting of it: under --env gpu training used the bge-reranker
+    similarity and judging the MiniLM embedder, and later training the default detection judges and judging
+    gpu's LLM judges."""
+    from prorag.pipelines.tearag.nodes import ip_dpo_reward
     from prorag.rewards.base import RewardSettings
     from prorag.rewards.registry import build_reward
-    from prorag.rewards.tearag import KnowledgeMatchingSettings
-    from prorag.training.tearag_params import TeaRAGParams
 
-    scoring = set(KnowledgeMatchingSettings.model_fields) - set(RewardSettings.model_fields)  # no detection
     parameters = ENVS[env]()
-    judged = build_reward(parameters["methods"]["tearag"]["reward"]).settings.model_dump(include=scoring)
-    for block in (parameters["tearag"], parameters["methods"]["tearag"]["stages"]["tearag"]):
-        trained = TeaRAGParams.model_validate(block).ip_dpo.reward_settings().model_dump(include=scoring)
-        assert len(scoring) == 6 and trained == judged, env
+    entry = parameters["methods"]["tearag"]["reward"]
+    judged = build_reward(entry).settings
+    trained = ip_dpo_reward(RewardSettings.model_validate(entry)).settings
+    assert trained == judged and trained.kind == "knowledge_matching", env
     if env == "gpu":
-        assert judged["similarity"] == "reranker:BAAI/bge-reranker-v2-m3"
+        assert trained.similarity == "reranker:BAAI/bge-reranker-v2-m3"
+        assert trained.over_search_judge == RewardSettings.model_validate(parameters["reward"]).over_search_judge
 
 
-def test_a_stage_block_that_trains_with_another_reward_than_its_method_s_is_an_error():
-    with pytest.raises(ParameterError, match=r"tearag\.ip_dpo\.similarity \('embedder:hashing:64'\) is not the "
-                                             r"method's reward similarity"):
-        _ = OmegaConfigLoader(str(CONF), **CONFIG_LOADER_ARGS, runtime_params={
+def test_ip_dpo_refuses_a_reward_it_cannot_pair_with():
+    from prorag.pipelines.tearag.nodes import ip_dpo_reward
+    from prorag.rewards.base import RewardSettings
+
+    with pytest.raises(ParameterError, match=r"must be 'knowledge_matching' \(methods.<name>.reward.kind\), got "
+                                             r"'hiprag'"):
+        ip_dpo_reward(RewardSettings.model_validate({"kind": "hiprag"}))
+
+
+def test_a_reward_key_in_the_ip_dpo_block_names_where_it_moved():
+    with pytest.raises(ParameterError, match=r"tearag\.ip_dpo\.similarity moved: .* set "
+                                             r"methods\.<name>\.reward\.similarity"):
+        parameters = OmegaConfigLoader(str(CONF), **CONFIG_LOADER_ARGS, runtime_params={
             "tearag": {"ip_dpo": {"similarity": "embedder:hashing:64"}}})["parameters"]
+        validate_parameters(parameters, all_parameter_schemas())
 
 
 @pytest.mark.parametrize("env", sorted(ENVS))

@@ -7,7 +7,10 @@ to, and only what differs from the settings every method shares:
 - ``reward`` — merged over the shared ``reward`` block; when the entry names another ``kind``, only the keys that
   kind's settings take are inherited (the detection settings, for one);
 - ``retriever`` — merged over the shared ``retriever`` block;
-- ``stages`` — per stage of the recipe, keys merged over that stage's shared block (``rl``, ``sft``, …).
+- ``stages`` — per stage of the recipe, keys merged over that stage's shared block (``rl``, ``sft``, …);
+- ``value`` — for a recipe that searches trees (MCTS), the value function they are searched for and its pairs
+  ranked by (:class:`prorag.training.mcts.MCTSValue`: SPRE or eq. 6's judgment); the ``reward`` is then the
+  yardstick its rollouts are judged with.
 
 :func:`resolve_parameters` turns the map into complete entries (the project's config loader calls it, so
 ``params:methods.<name>.agent`` and ``params:methods.<name>.stages.rl`` are complete blocks) and gives every
@@ -19,25 +22,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from prorag.config import ParameterError, StrictModel
+from prorag.recipes import get_recipe
 
-Recipe = Literal["sft_rl", "rl_from_sft", "rl_from_instruct", "mcts_dpo", "sft_mcts_dpo", "tearag"]
-
-RECIPE_STAGES: Final[dict[str, tuple[str, ...]]] = {
-    "sft_rl": ("sft_synthesis", "sft", "rl"),          # gold trajectories -> LoRA SFT -> GRPO (HiPRAG §4)
-    "rl_from_sft": ("rl",),                            # GRPO continuing the latest SFT adapter
-    "rl_from_instruct": ("rl",),                       # GRPO from the instruct model, no SFT stage
-    "mcts_dpo": ("reasonrag_data", "dpo"),             # ReasonRAG: MCTS + SPRE pairs -> DPO
-    # ReasonRAG with a cold-started explorer: gold trajectories in the method's protocol -> LoRA SFT, which explores
-    # the trees and which DPO continues
-    "sft_mcts_dpo": ("sft_synthesis", "sft", "reasonrag_data", "dpo"),
-    "tearag": ("tearag",),                             # TeaRAG: SFT -> IP-DPO rounds (its own block)
-}
-"""The parameter blocks each recipe's stages read (besides ``agent``, ``reward`` and ``policy``)."""
+VALUE_STAGE: Final = "reasonrag_data"
+"""The stage that searches trees for its method's ``value`` (MCTS)."""
 
 SHARED_BLOCKS: Final = ("agent", "reward", "retriever")
 TRAINER_BLOCKS: Final = ("sft", "rl.trainer", "dpo.trainer", "tearag.sft", "tearag.ip_dpo.trainer")
@@ -53,18 +46,9 @@ method's (``stages`` of a resolved entry)."""
 AGENT_BLOCKS: Final = ("tearag",)
 """Stage blocks that carry the agent they train (TeaRAG's block): it is the method's ``agent``."""
 
-RECIPE_ADAPTERS: Final[dict[str, tuple[str, ...]]] = {"sft_rl": ("sft_adapter",)}
-"""Adapters a recipe trains besides its method's ``adapter`` that ``compare`` evaluates (HiPRAG's SFT stage)."""
 KNOWLEDGE_GRAPH: Final = "knowledge_graph"
 """The dataset the ``kag`` retrievers need (``kedro run --pipelines=kg_extraction``)."""
 
-TRAINED_REWARD_KEYS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
-    "tearag": ("ip_dpo", ("similarity", "normalization", "weight_consistency", "weight_subquery", "weight_context",
-                          "weight_summary")),
-}
-"""Stage blocks that train with their method's reward: the part of the block and the reward keys it reads. The
-resolver writes them from the method's ``reward``, so training and judging score with one definition; a block that
-sets one of them to another value is an error."""
 EVALUATION_SAMPLING: Final[dict[str, str]] = {"tearag": "evaluation_sampling"}
 """Blocks that evaluate with the rollout's sampling (``rollout.temperature``, ``top_p``, ``seed``), as ``compare``
 does, unless they set their own."""
@@ -77,7 +61,8 @@ that method)."""
 class MethodEntry(StrictModel):
     """One entry of ``methods`` as written in conf: the recipe, the adapter, and overrides of shared settings."""
 
-    recipe: Recipe
+    recipe: str
+    """A built-in recipe (:func:`prorag.recipes.recipe_names`) or a dotted path to a :class:`~prorag.recipes.Recipe`."""
     adapter: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_]+$")
     """The catalog dataset the method's trained policy is saved as (an input of ``compare``)."""
     description: str = ""
@@ -85,20 +70,33 @@ class MethodEntry(StrictModel):
     reward: dict[str, Any] = Field(default_factory=dict)
     retriever: dict[str, Any] = Field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    value: dict[str, Any] | None = None
+    """The MCTS value function (recipes with a :data:`VALUE_STAGE`); None for other recipes."""
+
+    @field_validator("recipe")
+    @classmethod
+    def _known(cls, recipe: str) -> str:
+        get_recipe(recipe)
+        return recipe
 
     def check_stages(self, name: str) -> None:
-        extra = sorted(set(self.stages) - set(RECIPE_STAGES[self.recipe]))
+        stages = get_recipe(self.recipe).stages
+        extra = sorted(set(self.stages) - set(stages))
         if extra:
             raise ValueError(f"methods.{name}.stages: {extra} are not stages of recipe {self.recipe!r} "
-                             f"({', '.join(RECIPE_STAGES[self.recipe])})")
+                             f"({', '.join(stages)})")
+        if self.value is not None and VALUE_STAGE not in stages:
+            raise ValueError(f"methods.{name}.value: recipe {self.recipe!r} searches no tree (a value function is "
+                             f"for recipes with a {VALUE_STAGE} stage); its training signal is the entry's reward")
 
 
 def compare_artifacts(methods: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The trained datasets ``compare`` takes as inputs, one per adapter of the ``methods`` map (each method's
-    ``adapter``, and those of :data:`RECIPE_ADAPTERS`) and the knowledge graph: each is optional there (an arm
-    whose adapter has no usable version is skipped, naming why)."""
+    ``adapter``, and its recipe's other :attr:`~prorag.recipes.Recipe.adapters`) and the knowledge graph: each is
+    optional there (an arm whose adapter has no usable version is skipped, naming why)."""
     names = [*(method.get("adapter") for method in methods.values()),
-             *(extra for method in methods.values() for extra in RECIPE_ADAPTERS.get(method.get("recipe"), ())),
+             *(extra for method in methods.values() if method.get("recipe")
+               for extra in get_recipe(method["recipe"]).adapters),
              KNOWLEDGE_GRAPH]
     return list(dict.fromkeys(name for name in names if name))
 
@@ -176,9 +174,12 @@ def _resolve_entry(entry: MethodEntry, parameters: Mapping[str, Any]) -> dict[st
         "reward": reward,
         "retriever": merge(parameters.get("retriever"), entry.retriever),
     }
+    stages = get_recipe(entry.recipe).stages
+    if VALUE_STAGE in stages:
+        method["value"] = dict(entry.value or {})
     method["stages"] = {stage: _with_method(stage, merge(parameters.get(stage), entry.stages.get(stage)), method,
                                             explicit=entry.stages.get(stage) or {})
-                        for stage in RECIPE_STAGES[entry.recipe]}
+                        for stage in stages}
     return method
 
 
@@ -192,19 +193,6 @@ def _with_method(block: str, values: Mapping[str, Any], method: Mapping[str, Any
         values["retriever"] = _retriever_for(block, method["retriever"])
     if block in AGENT_BLOCKS and "agent" not in explicit:
         values["agent"] = copy.deepcopy(method["agent"])
-    if block in TRAINED_REWARD_KEYS:
-        part, keys = TRAINED_REWARD_KEYS[block]
-        own = dict(values.get(part) or {})
-        for key in keys:
-            if key not in method["reward"]:
-                continue
-            if key in own and own[key] != method["reward"][key]:
-                raise ParameterError(
-                    f"invalid parameters: {block}.{part}.{key} ({own[key]!r}) is not the method's reward "
-                    f"{key} ({method['reward'][key]!r}): the method trains and is judged with one reward; set it "
-                    f"in its methods entry's reward")
-            own[key] = copy.deepcopy(method["reward"][key])
-        values[part] = own
     return values
 
 

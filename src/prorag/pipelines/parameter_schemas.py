@@ -15,7 +15,7 @@ from pydantic import BaseModel, create_model, model_validator
 
 from prorag.config import PARAMETER_SCHEMAS as DECORATED_SCHEMAS
 from prorag.config import ParameterError, StrictModel
-from prorag.methods import KNOWLEDGE_GRAPH, RECIPE_STAGES, Recipe, compare_artifacts
+from prorag.methods import KNOWLEDGE_GRAPH, compare_artifacts
 from prorag.pipelines.compare.params import CompareParams
 from prorag.pipelines.corpus_indexing.params import CorpusIndexingParams
 from prorag.pipelines.data_preparation.params import DataPreparationParams
@@ -28,12 +28,14 @@ from prorag.pipelines.rollout.params import RolloutParams
 from prorag.pipelines.sft.params import SftParams
 from prorag.pipelines.sft_synthesis.params import SftSynthesisParams
 from prorag.pipelines.tearag.params import TeaRAGParams
+from prorag.recipes import get_recipe
 from prorag.rewards.base import RewardSettings
 from prorag.rewards.registry import check_reward_protocol
 from prorag.scale.placement import PlacementSpec
 from prorag.specs import ComputeSpec, PolicySpec, RetrieverSpec, TrainedAgentSpec
 from prorag.tracking import TrackingParams
 from prorag.training.launch import LaunchSettings
+from prorag.training.mcts import MCTSValue
 
 
 class MethodStages(StrictModel):
@@ -51,7 +53,7 @@ class MethodStages(StrictModel):
 class MethodParams(StrictModel):
     """One resolved ``methods`` entry (:func:`prorag.methods.resolve_parameters`): every block complete."""
 
-    recipe: Recipe
+    recipe: str
     adapter: str
     description: str = ""
     agent: TrainedAgentSpec
@@ -59,12 +61,14 @@ class MethodParams(StrictModel):
     """Validated by the settings of the reward its ``kind`` names (:class:`RewardSettings`)."""
     retriever: RetrieverSpec
     stages: MethodStages
+    value: MCTSValue | None = None
+    """The MCTS value function (recipes that search trees; :class:`prorag.training.mcts.MCTSValue`)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> MethodParams:
         reward = RewardSettings.model_validate(self.reward)
         check_reward_protocol(reward, self.agent.protocol)
-        missing = [stage for stage in RECIPE_STAGES[self.recipe] if getattr(self.stages, stage) is None]
+        missing = [stage for stage in get_recipe(self.recipe).stages if getattr(self.stages, stage, None) is None]
         if missing:
             raise ValueError(f"recipe {self.recipe!r} needs the stage block(s) {missing}")
         return self

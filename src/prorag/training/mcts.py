@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, create_model
 from tqdm.auto import tqdm
 
 from prorag.agent.engine import EMPTY_QUERY_NOTE, QuestionItem, as_question_items, documents_text
@@ -66,7 +66,7 @@ from prorag.protocol import reasonrag
 from prorag.protocol.escaping import escape_retrieved
 from prorag.retrieval.base import Retriever
 from prorag.rewards.spre import spre_value
-from prorag.specs import PositiveInt, Seed
+from prorag.specs import JudgeSpec, PositiveInt, Seed
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def uct_scores(q_values: Sequence[float], visit_counts: Sequence[int], c_uct: fl
 
 
 class MCTSConfig(StrictModel):
-    """Search settings; also the parameter schema of ``reasonrag_data.mcts``. The defaults are the anchor code's
+    """Search settings: ``reasonrag_data.mcts`` with the method's :class:`MCTSValue`. The defaults are the anchor code's
     (``max_rollouts`` = 64 iterations, ``max_children`` = 2, ``c`` = 1.414, decay 0.95, ``max_iter`` = 7)."""
 
     iterations: PositiveInt = 64
@@ -146,6 +146,42 @@ class MCTSConfig(StrictModel):
     @property
     def step_budget(self) -> int:
         return reasonrag.step_budget_for_rounds(self.max_rounds)
+
+
+VALUE_FIELDS: Final = ("alpha", "rollouts", "judge_prompt", "eval_max_new_tokens")
+"""The :class:`MCTSConfig` fields that define the node value (with ``value`` itself): :class:`MCTSValue`'s."""
+
+
+def _value_field(name: str) -> Any:
+    return (MCTSConfig.model_fields[name].annotation, MCTSConfig.model_fields[name])
+
+
+class MCTSValue(create_model("_MCTSValueFields", __base__=StrictModel,  # type: ignore[misc]
+                             **{name: _value_field(name) for name in VALUE_FIELDS})):
+    """The value function of an MCTS method (its ``methods`` entry's ``value``): what the trees are searched for
+    and the pairs ranked by. ``kind: spre`` — SPRE simulations (eq. 1, :func:`prorag.rewards.spre.spre_value`);
+    ``kind: judge`` — the correctness judgment of eq. 6 (``judge_prompt``; ``judge`` is the judge of
+    ``answer_matching``). The other fields are :class:`MCTSConfig`'s, declared there once."""
+
+    kind: Literal["spre", "judge"] = "spre"
+    judge: JudgeSpec = JudgeSpec()
+
+    def search_settings(self) -> dict[str, Any]:
+        """The :class:`MCTSConfig` fields this value sets."""
+        return {"value": "rollout" if self.kind == "spre" else "judge",
+                **{name: getattr(self, name) for name in VALUE_FIELDS}}
+
+
+MCTSSearchParams = create_model(
+    "MCTSSearchParams", __base__=StrictModel, __doc__="``reasonrag_data.mcts``: :class:`MCTSConfig` but the value, "
+    "which is the method's (:class:`MCTSValue`).",
+    **{name: (field.annotation, field) for name, field in MCTSConfig.model_fields.items()
+       if name not in ("value", *VALUE_FIELDS)})
+
+
+def search_config(search: StrictModel, value: MCTSValue, **overrides: Any) -> MCTSConfig:
+    """The search settings ``search`` (:data:`MCTSSearchParams`) with the method's ``value`` and ``overrides``."""
+    return MCTSConfig.model_validate({**search.model_dump(), **value.search_settings(), **overrides})
 
 
 @dataclass

@@ -8,15 +8,19 @@ The policy is the shared ``policy`` block; the KG extractor, its cache and the K
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from prorag.config import StrictModel
-from prorag.rewards.tearag import KnowledgeMatchingSettings
 from prorag.specs import PositiveInt, SamplingSpec, Seed, TrainedAgentSpec
 from prorag.training.config import SFTSettings
 from prorag.training.dpo import DPOTrainingConfig
+
+MOVED_REWARD_KEYS: Final = ("similarity", "normalization", "weight_consistency", "weight_subquery", "weight_context",
+                             "weight_summary")
+"""Keys ``tearag.ip_dpo`` once had: the knowledge-matching reward's settings, now only the method's ``reward``."""
 
 
 class TeaRAGAgent(TrainedAgentSpec):
@@ -62,20 +66,12 @@ class QuestionMixParams(StrictModel):
 
 
 class IPDPOParams(StrictModel):
-    """§4.3.2 IP-DPO: rounds, sampling, reward, pair rules and the DPO + SFT loss (eqs. 14–17)."""
+    """§4.3.2 IP-DPO: rounds, sampling, pair rules and the DPO + SFT loss (eqs. 14–17). The reward its samples
+    are scored with is the method's ``reward`` (``knowledge_matching``), not a setting of this block."""
 
     rounds: PositiveInt = 3
     samples_per_question: int = Field(default=8, ge=2)
     sampling: SamplingSpec = SamplingSpec(temperature=1.0)
-    similarity: str = "embedder:bundled:all-minilm-l6-v2"
-    """``reranker:<model>`` (the paper's: a cross-encoder logit through a sigmoid) or ``embedder:<spec>``
-    (the CPU deviation: clipped cosine of the bundled embedder)."""
-    normalization: Literal["steps_and_evidence", "steps"] = "steps_and_evidence"
-    """Eq. 12's normalizer (:mod:`prorag.rewards.tearag`): ``max(T, m)`` or, the literal reading, ``T``."""
-    weight_consistency: float = Field(default=0.25, ge=0)
-    weight_subquery: float = Field(default=0.25, ge=0)
-    weight_context: float = Field(default=0.25, ge=0)
-    weight_summary: float = Field(default=0.25, ge=0)
     min_outcome: float = Field(default=0.8, ge=0)
     min_process: float = Field(default=0.5, ge=0)
     easy_max_f1: float = Field(default=0.0, ge=0)
@@ -83,13 +79,15 @@ class IPDPOParams(StrictModel):
     """The DPO + SFT trainer (:mod:`prorag.training.dpo`): ``beta`` is β of eq. 15, ``sft_weight`` α of eq. 17;
     ``init_adapter`` is set by each round (the previous round's adapter)."""
 
-    def reward_settings(self) -> KnowledgeMatchingSettings:
-        """The reward the rounds score their samples with (the method's ``reward``, written here by the config
-        loader: :data:`prorag.methods.TRAINED_REWARD_KEYS`)."""
-        return KnowledgeMatchingSettings(
-            similarity=self.similarity, normalization=self.normalization, weight_consistency=self.weight_consistency,
-            weight_subquery=self.weight_subquery, weight_context=self.weight_context,
-            weight_summary=self.weight_summary)
+    @model_validator(mode="before")
+    @classmethod
+    def _reward_moved(cls, values: Any) -> Any:
+        moved = sorted(set(values) & set(MOVED_REWARD_KEYS)) if isinstance(values, Mapping) else []
+        if moved:
+            raise ValueError(f"tearag.ip_dpo.{moved[0]} moved: IP-DPO trains with its method's reward, the one "
+                             f"judging scores with; set methods.<name>.reward.{moved[0]} (methods.tearag.reward "
+                             "in conf/base/parameters_methods.yml)")
+        return values
 
 
 class TeaRAGParams(StrictModel):

@@ -15,6 +15,7 @@ from prorag.pipelines.kg_extraction.params import KgExtractionParams
 from prorag.pipelines.tearag.nodes import build_sft_data, run_ip_dpo_rounds, run_tearag_rollouts, train_tearag_sft
 from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.protocol.tearag import check_format
+from prorag.rewards.base import RewardSettings
 from prorag.specs import PolicySpec
 
 POLICY = PolicySpec(model="bundled:tiny-random-llama", batch_size=8)
@@ -27,6 +28,10 @@ def _kg(tmp_path: Path) -> KgExtractionParams:
         "kag": {"chunk_top_k": 3, "triplet_top_k": 3}})
 
 
+REWARD = RewardSettings.model_validate({"kind": "knowledge_matching", "similarity": "embedder:hashing:64"})
+"""The method's reward IP-DPO scores with (``params:reward``: ``methods.tearag.reward`` in ``train_tearag``)."""
+
+
 def _params(**overrides: object) -> TeaRAGParams:
     return TeaRAGParams.model_validate({
         "agent": {"step_budget": 1, "max_new_tokens_per_turn": 8, "max_total_new_tokens": 16},
@@ -34,8 +39,7 @@ def _params(**overrides: object) -> TeaRAGParams:
         "sft_data": {"max_questions": 3},
         "sft": {"max_steps": 1, "per_device_train_batch_size": 1, "learning_rate": 1e-3},
         "questions": {"nq": 0, "hotpotqa_bridge": 1, "hotpotqa_comparison": 1, "musique": 1},
-        "ip_dpo": {"rounds": 1, "samples_per_question": 2, "similarity": "embedder:hashing:64",
-                   "trainer": {"max_steps": 1}},
+        "ip_dpo": {"rounds": 1, "samples_per_question": 2, "trainer": {"max_steps": 1}},
         **overrides})
 
 
@@ -63,7 +67,7 @@ def test_sft_ip_dpo_and_rollouts_chain(questions, index, tmp_path, one_torch_thr
                      {"chunks": 1, "model": "m", "backend": "transformers", "prompt_id": "p",
                       "filter_ungrounded": True})
     final, metrics, pairs, samples = run_ip_dpo_rounds(questions, evaluated, index, graph, adapter, kg, POLICY,
-                                                       params)
+                                                       params, REWARD)
     assert [m["step"] for m in metrics] == [1] and metrics[0]["samples"] == len(samples) == 2 * 3
     assert {"pairs_format", "pairs_easy", "pairs_hard", "reward_process", "mean_output_tokens"} <= set(metrics[0])
     assert len(pairs) == metrics[0]["pairs_total"]

@@ -9,6 +9,7 @@ from typing import Any
 
 from prorag.agent import build_runner, record_policy
 from prorag.assembly import build_policy
+from prorag.config import ParameterError
 from prorag.data import Question, require_train_split, select_questions
 from prorag.kg.extraction import extract_triplets
 from prorag.kg.graph import KnowledgeGraph
@@ -19,6 +20,8 @@ from prorag.llm.registry import load_tokenizer
 from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.retrieval import RetrievalIndex
 from prorag.retrieval.base import Retriever
+from prorag.rewards.base import RewardSettings
+from prorag.rewards.registry import build_reward
 from prorag.rewards.tearag import KnowledgeMatchingReward
 from prorag.specs import MethodSpec, PolicySpec
 from prorag.training.ip_dpo import IPDPOSettings, PairRules, QuestionMix, run_ip_dpo, select_question_mix
@@ -130,11 +133,13 @@ def ip_dpo_sampler(policy: PolicySpec) -> Callable[[str], Generator]:
 
 def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list[dict[str, Any]],
                       index: RetrievalIndex, graph: KnowledgeGraph, sft_adapter: str, kg: KgExtractionParams,
-                      policy: PolicySpec, params: TeaRAGParams, launch: LaunchSettings = IN_PROCESS,
+                      policy: PolicySpec, params: TeaRAGParams, reward: RewardSettings,
+                      launch: LaunchSettings = IN_PROCESS,
                       ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """§4.3.2: the rounds; returns the last adapter, per-round metrics (``step`` = round), the pairs and the
-    scored samples of every round. The questions are :func:`select_ip_dpo_questions` (never an evaluated one).
-    Each round's DPO runs in this process, or under ``accelerate launch`` (:mod:`prorag.training.launch`)."""
+    scored samples of every round. The questions are :func:`select_ip_dpo_questions` (never an evaluated one);
+    their samples are scored with ``reward``, the method's (:func:`ip_dpo_reward`). Each round's DPO runs in this
+    process, or under ``accelerate launch`` (:mod:`prorag.training.launch`)."""
     from prorag.tracking.callbacks import MlflowStepMetrics
 
     questions = select_ip_dpo_questions(question_records, eval_records, params)
@@ -142,9 +147,8 @@ def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list
     settings = IPDPOSettings(
         rounds=cfg.rounds, samples_per_question=cfg.samples_per_question, top_k=params.retriever.top_k,
         rules=PairRules(min_outcome=cfg.min_outcome, min_process=cfg.min_process, easy_max_f1=cfg.easy_max_f1))
-    reward = KnowledgeMatchingReward(cfg.reward_settings())
     results = run_ip_dpo(policy.model, sft_adapter, questions, _kag_retriever(index, graph, kg, params),
-                         params.agent, cfg.sampling, reward, settings, cfg.trainer,
+                         params.agent, cfg.sampling, ip_dpo_reward(reward), settings, cfg.trainer,
                          Path(tempfile.mkdtemp(prefix="prorag-ip-dpo-")), policy_batch_size=policy.batch_size,
                          dtype=policy.dtype,
                          callbacks=lambda round_index: [MlflowStepMetrics(f"tearag_dpo_round{round_index}")],
@@ -156,6 +160,17 @@ def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list
     pairs = [{"round": result.round, **pair} for result in results for pair in result.pairs]
     paths = [{"round": result.round, **path} for result in results for path in result.paths]
     return adapter, metrics, pairs, paths
+
+
+def ip_dpo_reward(reward: RewardSettings) -> KnowledgeMatchingReward:
+    """The reward IP-DPO scores its samples with: the method's ``reward`` entry — the one reward judging and
+    ``compare`` score the method's rollouts with — built by the reward registry. Its pairs read the
+    knowledge-matching components, so the entry's kind must be ``knowledge_matching`` (or a subclass of its own)."""
+    built = build_reward(reward)
+    if not isinstance(built, KnowledgeMatchingReward):
+        raise ParameterError(f"invalid parameters: IP-DPO trains with the TeaRAG method's reward, which must be "
+                             f"'knowledge_matching' (methods.<name>.reward.kind), got {reward.kind!r}")
+    return built
 
 
 def _launched_dpo(launch: LaunchSettings) -> Callable[..., tuple[Path, list[dict[str, Any]]]]:
