@@ -177,7 +177,9 @@ def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
     assert sft.data.metrics["sft.live_loss"] == 3.0  # the stage run is the active run while its node runs
     assert children["data_preparation"].data.metrics["data_report.questions_total"] == 3
     assert children["reward_judging"].data.metrics["judge.skipped_trajectories"] == 0
-    assert not parent.data.metrics  # per-method numbers are not flattened into the parent
+    # per-method numbers are not flattened into the parent: only the key ones of its result
+    assert parent.data.metrics == {"result.hiprag.cem": 0.5, "result.hiprag_agent_sft.cem": 0.75,
+                                   "result.hiprag.osr": 1.0, "result.hiprag_agent_sft.osr": 1.0}
 
     base, trained = children["hiprag (base)"], children["hiprag_agent_sft (sft)"]
     assert base.data.tags["prorag.policy"] == "base" and "prorag.adapter" not in base.data.tags
@@ -272,3 +274,45 @@ def test_a_stage_whose_output_fails_to_save_is_failed_with_its_parent(tmp_path: 
     assert (parent.info.status, stage.info.status) == ("FAILED", "FAILED")
     assert "answer" in stage.data.tags["error"] and "No space left on device" in stage.data.tags["error"]
     assert "sk-secretvalue123456" not in stage.data.tags["error"]  # redacted
+
+
+@pytest.mark.integration  # the fresh store's migrations alone take ~8 s here
+def test_the_parent_run_carries_the_result(tmp_path: Path, mlflow_uri: str) -> None:
+    """The run the log links to shows the result: the summary table and OSR/USR as its description and as
+    ``result.md``, CEM, retrievals, OSR and USR per method as ``result.*`` metrics (issue 46: it showed node timings
+    and an empty description)."""
+    from kedro_datasets.text import TextDataset
+
+    summary = "| method | n | CEM [95% CI] |\n|---|---:|---|\n| hiprag_agent_rl | 3 | 0.667 [0.000, 1.000] |\n"
+    metrics = {method: {"popqa": {"cem": cem}, "macro": {"cem": cem, "avg_retrieval_count": retrievals}}
+               for method, cem, retrievals in (("standard_rag", 0.25, 1.0), ("hiprag_agent_rl", 0.5, 1.5))}
+    judged = {"hiprag_agent_rl": {"osr": 0.25, "usr": 0.125, "reward": 0.5}, "skipped_trajectories": 3}
+    mlflow.create_experiment("result", artifact_location=(tmp_path / "mlruns").as_uri())
+    parameters = {"tracking": {"experiment_name": "result", "system_metrics": False, "trace_samples": 0}}
+    catalog = DataCatalog({"evaluation_summary": TextDataset(filepath=str(tmp_path / "evaluation_summary.md")),
+                           "parameters": MemoryDataset(parameters)})
+    hook = MlflowTrackingHook()
+    hook_manager = _create_hook_manager()
+    hook_manager.register(hook)
+    hook.after_catalog_created(catalog)
+    work = Pipeline([
+        Node(lambda: (summary, metrics), None, ["evaluation_summary", "evaluation_metrics"], name="evaluate",
+             namespace="evaluation"),
+        Node(lambda: judged, None, "judge_metrics", name="judge", namespace="reward_judging"),
+    ])
+    hook.before_pipeline_run({"run_id": SAVE_VERSION, "project_path": str(tmp_path), "pipeline_names": ["x"]},
+                             work, catalog)
+    SequentialRunner().run(work, catalog, hook_manager)
+    hook.after_pipeline_run()
+
+    runs = mlflow.search_runs([mlflow.get_experiment_by_name("result").experiment_id], output_format="list")
+    [parent] = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    assert {key: value for key, value in parent.data.metrics.items() if key.startswith("result.")} == {
+        "result.standard_rag.cem": 0.25, "result.standard_rag.retrievals": 1.0,
+        "result.hiprag_agent_rl.cem": 0.5, "result.hiprag_agent_rl.retrievals": 1.5,
+        "result.hiprag_agent_rl.osr": 0.25, "result.hiprag_agent_rl.usr": 0.125}
+    description = parent.data.tags["mlflow.note.content"]
+    assert "### evaluation_summary\n\n" + summary.strip() in description
+    assert "| hiprag_agent_rl | 25% | 12% |" in description and "standard_rag | –" not in description
+    artifact = mlflow.artifacts.load_text(f"runs:/{parent.info.run_id}/result.md")
+    assert artifact == description

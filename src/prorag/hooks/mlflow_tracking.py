@@ -19,7 +19,7 @@ from kedro.io import DataCatalog
 from kedro.pipeline import Node, Pipeline
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
-from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NOTE
 from pydantic import BaseModel
 
 from prorag.config import ParameterError, parse_parameters
@@ -38,6 +38,7 @@ from prorag.tracking.missing_inputs import (
     Available,
 )
 from prorag.tracking.model_reference import BackgroundUploads, log_model_folder
+from prorag.tracking.result import RunResult
 from prorag.tracking.run_manifest import (
     process_alive,
 )
@@ -71,6 +72,9 @@ logger = logging.getLogger(__name__)
 
 _MLFLOW_PARAM_VALUE_LIMIT = 6000
 _MLFLOW_BATCH = 100
+_MLFLOW_TAG_VALUE_LIMIT = 8000
+RESULT_ARTIFACT = "result.md"
+"""The parent run's artifact with the run's result tables (its description holds the same text)."""
 HOST_TAG = "prorag.host"
 PID_TAG = "prorag.pid"
 """Tags of a parent run naming the process that runs it, so that the next run can mark it KILLED once it is gone."""
@@ -82,7 +86,9 @@ class MlflowTrackingHook:
     The tracking URI is ``MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/mlflow.db``; the experiment is the
     ``tracking.experiment_name`` parameter, tagged as a model-development experiment. The *parent* run holds the
     Kedro session's tags, the parameters the pipeline reads (secrets redacted), system metrics, the question and
-    corpus datasets as run inputs (``tracking.input_datasets``, with content digests), and the per-node timing.
+    corpus datasets as run inputs (``tracking.input_datasets``, with content digests), the per-node timing, and the
+    run's result (:class:`~prorag.tracking.result.RunResult`): its result tables and OSR/USR as the run's
+    description and ``result.md``, CEM, retrievals, OSR and USR per method as ``result.<method>.*`` metrics.
 
     Children (:mod:`prorag.tracking.runs`): a *stage* run per pipeline stage (the node's namespace or pipeline
     package), active while its nodes run, so that training curves land in it, with its nodes' parameters,
@@ -119,6 +125,7 @@ class MlflowTrackingHook:
         self._adapter_names: dict[str, str] = {}
         self._logged_inputs: set[tuple[str, str]] = set()
         self._uploads = BackgroundUploads()
+        self._result = RunResult()
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,
@@ -278,6 +285,7 @@ class MlflowTrackingHook:
             return
         if node is not None and node.name in self._unsaved:
             self._unsaved[node.name][1].discard(dataset_name)
+        self._result.observe(dataset_name, data)
         saved = local_path(self._catalog, dataset_name, saved=True)
         if dataset_name in self._settings.input_datasets:
             self._log_input(dataset_name, data, file_of(saved), node)
@@ -335,6 +343,7 @@ class MlflowTrackingHook:
         self._run_active = False
         self._uploads.join()  # background uploads of large models (tracking.upload_large_models) end first
         self._safely("traces", mlflow.flush_trace_async_logging)
+        self._safely("the run's result", self._log_result)
         active = mlflow.active_run()
         while active is not None and active.info.run_id != self._parent_id:
             mlflow.end_run(status=status)
@@ -349,6 +358,16 @@ class MlflowTrackingHook:
                                 project_path=getattr(self, "_project_path", None))
         logger.info("MLflow run %s %s (%d stage and %d method runs); open it with: %s", self._parent_id,
                     status.lower(), len(self._stage_runs), len(self._method_runs), self.run_hint)
+
+    def _log_result(self) -> None:
+        """The run's result on the parent run, where its link opens: the result tables and OSR/USR as its
+        description and as ``result.md``, and ``result.<method>.<cem|retrievals|osr|usr>`` as metrics."""
+        _log_batch(self._client, self._parent_id,
+                   [(key, value, None) for key, value in self._result.key_metrics().items()])
+        text = self._result.markdown()
+        if text:
+            self._client.set_tag(self._parent_id, MLFLOW_RUN_NOTE, _note(text))
+            self._client.log_text(self._parent_id, text, RESULT_ARTIFACT)
 
     def _safely(self, what: str, function: Callable[..., Any], *args: Any) -> None:
         """Tracking extras (traces, models, inputs) never fail a pipeline: an error is a warning."""
@@ -522,6 +541,14 @@ def _log_batch(client: MlflowClient, run_id: str, series: Iterable[tuple[str, fl
     metrics = [Metric(key, value, now, step or 0) for key, value, step in series]
     for start in range(0, len(metrics), 1000):
         client.log_batch(run_id, metrics=metrics[start:start + 1000])
+
+
+def _note(text: str) -> str:
+    """``text`` cut to what a run's description (a tag) holds, pointing at the artifact for the rest."""
+    if len(text) <= _MLFLOW_TAG_VALUE_LIMIT:
+        return text
+    tail = f"\n\n… (the whole result is the artifact {RESULT_ARTIFACT})"
+    return text[:_MLFLOW_TAG_VALUE_LIMIT - len(tail)] + tail
 
 
 def _stage_of(node: Node) -> str:
