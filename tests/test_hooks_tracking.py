@@ -316,3 +316,79 @@ def test_the_parent_run_carries_the_result(tmp_path: Path, mlflow_uri: str) -> N
     assert "| hiprag_agent_rl | 25% | 12% |" in description and "standard_rag | –" not in description
     artifact = mlflow.artifacts.load_text(f"runs:/{parent.info.run_id}/result.md")
     assert artifact == description
+
+
+@pytest.mark.integration  # the fresh store's migrations alone take ~8 s here
+def test_method_runs_share_their_settings_keys_and_log_no_machine_paths(tmp_path: Path, mlflow_uri: str) -> None:
+    """The base and the trained agent's method runs carry the settings they ran with under the same ``method.*``
+    keys (MLflow's Compare diffs ``few_shot``), not under ``rollout.methods`` and ``methods.hiprag.agent.*``; no
+    run logs an absolute path of this machine as a parameter; a method run lasts as long as its rollouts took, not
+    as long as the pipeline stayed open after them (issue 46)."""
+    import time
+
+    from prorag.agent.runner import method_settings
+    from prorag.specs import MethodSpec, TrainedAgentSpec
+
+    agent = TrainedAgentSpec(step_budget=3)
+    base_entry = {"name": "hiprag_agent", "kind": "agent", "protocol": "hiprag", "step_budget": 3, "few_shot": True}
+    adapter = tmp_path / "data" / "06_models" / "sft_adapter" / SAVE_VERSION / "sft_adapter"
+
+    def stamped(method: str, spec: MethodSpec, adapter_dir: Path | None) -> list[dict[str, Any]]:
+        started = time.time_ns()
+        time.sleep(0.3)  # the rollouts' work
+        records = [rollout(method, question, None if adapter_dir is None else str(adapter_dir))
+                   for question in QUESTIONS]
+        for record in records:  # what build_runner records
+            record["metadata"].update(method=method_settings(spec), runner_wall_ns=[started, time.time_ns()])
+        return records
+
+    def base_rollouts(rollout_params: dict[str, Any], policy: dict[str, Any]) -> list[dict[str, Any]]:
+        return stamped("hiprag_agent", MethodSpec(**base_entry), None)
+
+    def trained_rollouts(rollout_params: dict[str, Any], policy: dict[str, Any], agent_params: dict[str, Any],
+                         ) -> list[dict[str, Any]]:
+        time.sleep(1.5)  # training, after the base rollouts
+        return stamped("hiprag_agent_sft", MethodSpec(kind="agent", **{**agent.model_dump(),
+                                                                      "name": "hiprag_agent_sft"}), adapter)
+
+    mlflow.create_experiment("settings", artifact_location=(tmp_path / "mlruns").as_uri())
+    parameters = {"data": {"corpus_file": "/srv/corpora/wiki.jsonl", "out": str(tmp_path / "data" / "x.jsonl")},
+                  "rollout": {"temperature": 0.0, "methods": [{"name": "direct", "kind": "direct"}, base_entry]},
+                  "policy": {"model": BUNDLED_TINY_LLAMA, "adapter": None},
+                  "methods": {"hiprag": {"agent": agent.model_dump()}},
+                  "tracking": {"experiment_name": "settings", "system_metrics": False, "trace_samples": 0}}
+    catalog = DataCatalog({"parameters": MemoryDataset(parameters),
+                           "params:methods.hiprag.agent": MemoryDataset(parameters["methods"]["hiprag"]["agent"]),
+                           **{f"params:{name}": MemoryDataset(value) for name, value in parameters.items()}})
+    hook = MlflowTrackingHook()
+    hook_manager = _create_hook_manager()
+    hook_manager.register(hook)
+    hook.after_catalog_created(catalog)
+    work = Pipeline([
+        Node(lambda data: None, "params:data", None, name="prepare", namespace="data_preparation"),
+        Node(base_rollouts, ["params:rollout", "params:policy"], "trajectories", name="run_rollouts",
+             namespace="rollout"),
+        Node(trained_rollouts, ["params:rollout", "params:policy", "params:methods.hiprag.agent"],
+             "sft_policy_trajectories", name="run_policy_rollouts", namespace="sft"),
+    ])
+    hook.before_pipeline_run({"run_id": SAVE_VERSION, "project_path": str(tmp_path), "pipeline_names": ["x"]},
+                             work, catalog)
+    SequentialRunner().run(work, catalog, hook_manager)
+    hook.after_pipeline_run()
+
+    runs = mlflow.search_runs([mlflow.get_experiment_by_name("settings").experiment_id], output_format="list")
+    by_name = {run.info.run_name: run for run in runs}
+    base, trained = by_name["hiprag_agent (base)"].data.params, by_name["hiprag_agent_sft (sft)"].data.params
+    assert set(base) == set(trained)
+    assert not any(key.startswith(("rollout.methods", "methods.")) for key in base | trained)
+    assert (base["method.few_shot"], trained["method.few_shot"]) == ("true", "false")
+    assert base["method.step_budget"] == trained["method.step_budget"] == "3"
+    assert trained["policy.adapter"] == f"data/06_models/sft_adapter/{SAVE_VERSION}/sft_adapter"
+    [parent] = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    assert parent.data.params["data.corpus_file"] == "<local>/wiki.jsonl"
+    assert parent.data.params["data.out"] == "data/x.jsonl"
+    durations = {name: run.info.end_time - run.info.start_time for name, run in by_name.items()}
+    assert 300 <= durations["hiprag_agent (base)"] < 1000 and 300 <= durations["hiprag_agent_sft (sft)"] < 1000
+    assert durations[parent.info.run_name] >= 2100
+    logged = [value for run in runs for value in (*run.data.params.values(), *run.data.tags.values())]
+    assert not [value for value in logged if str(tmp_path) in value or "/srv/" in value]

@@ -31,6 +31,7 @@ from prorag.tracking import (
     flatten,
     git_sha,
     metric_series,
+    portable_paths,
     redact,
     redact_text,
 )
@@ -58,7 +59,9 @@ from prorag.tracking.runs import (
     is_curated_method_metric,
     is_peft_adapter,
     is_rollout_records,
+    recorded_method,
     recorded_policy,
+    recorded_wall_time,
     records_digest,
     rollout_policy,
     split_method_metrics,
@@ -104,6 +107,7 @@ class MlflowTrackingHook:
         self.run_hint: str | None = None
         """How to open the last finished run (its URL in the training view), for the result screen."""
         self._settings = TrackingParams()
+        self._project_path: Path | None = None
         self._catalog: DataCatalog | None = None
         self._exit_handler_installed = False
         self._reset()
@@ -126,6 +130,9 @@ class MlflowTrackingHook:
         self._logged_inputs: set[tuple[str, str]] = set()
         self._uploads = BackgroundUploads()
         self._result = RunResult()
+        self._work_ends: dict[str, int] = {}
+        """Per method, when its run ends (ms): its rollouts' end when made in this run, else its last number."""
+        self._rolled_out_here: set[str] = set()
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,
@@ -168,7 +175,7 @@ class MlflowTrackingHook:
         owner = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
         base_model = _parameter(parameters, "policy.model")
         if base_model is not None:
-            self._child_tags[BASE_MODEL_TAG] = redact_text(str(base_model))
+            self._child_tags[BASE_MODEL_TAG] = portable_paths(redact_text(str(base_model)), project_path)
         mlflow.set_tags({
             **self._child_tags,
             **owner,
@@ -348,14 +355,14 @@ class MlflowTrackingHook:
         while active is not None and active.info.run_id != self._parent_id:
             mlflow.end_run(status=status)
             active = mlflow.active_run()
-        for run_id in self._method_runs.values():
-            self._client.set_terminated(run_id, status=status)
+        for method, run_id in self._method_runs.items():
+            self._client.set_terminated(run_id, status=status, end_time=self._work_ends.get(method))
         if active is not None:
             mlflow.end_run(status=status)
         else:
             self._client.set_terminated(self._parent_id, status=status)
         self.run_hint = ui_hint(self._tracking_uri, self._experiment_id, self._parent_id,
-                                project_path=getattr(self, "_project_path", None))
+                                project_path=self._project_path)
         logger.info("MLflow run %s %s (%d stage and %d method runs); open it with: %s", self._parent_id,
                     status.lower(), len(self._stage_runs), len(self._method_runs), self.run_hint)
 
@@ -376,10 +383,15 @@ class MlflowTrackingHook:
         except Exception as error:  # any MLflow or file error: the run's own outputs are saved anyway
             logger.warning("MLflow: could not log %s: %s", what, redact_text(f"{type(error).__name__}: {error}"))
 
-    def _child_run(self, name: str, tags: dict[str, str]) -> str:
-        run = self._client.create_run(self._experiment_id, run_name=name,
+    def _child_run(self, name: str, tags: dict[str, str], start_ms: int | None = None) -> str:
+        run = self._client.create_run(self._experiment_id, run_name=name, start_time=start_ms,
                                       tags={**self._child_tags, **tags, MLFLOW_PARENT_RUN_ID: self._parent_id})
         return run.info.run_id
+
+    def _logged_to_method(self, method: str) -> None:
+        """A method run whose rollouts were not made in this run ends with the last number logged to it."""
+        if method not in self._rolled_out_here:
+            self._work_ends[method] = int(time.time() * 1000)
 
     def _stage_run(self, node: Node) -> str:
         """The run of the node's stage (created on first use)."""
@@ -403,18 +415,27 @@ class MlflowTrackingHook:
             if adapter:
                 tags[ADAPTER_TAG] = adapter
             if base_model:
-                tags[BASE_MODEL_TAG] = redact_text(base_model)
+                tags[BASE_MODEL_TAG] = portable_paths(redact_text(base_model), self._project_path)
             if node is not None:
                 tags[STAGE_TAG] = _stage_of(node)
-            self._method_runs[method] = run_id = self._child_run(f"{method} ({policy})", tags)
-            if node is not None:
-                used = _own_entry(_used_parameters([node], self._parameters, with_tracking=False), method)
-                policy = used.get("policy")
-                if isinstance(policy, BaseModel):  # Kedro 1.7 gives typed nodes their parameters as models
-                    policy = policy.model_dump()
-                if isinstance(policy, dict):  # the policy this method ran, not the node's base policy
-                    used["policy"] = {**policy, **recorded_policy(record)}
-                self._log_params(run_id, used)
+            wall = recorded_wall_time(record) if node is not None else None
+            if wall is not None:  # made in this run: the method run spans its runner's call, the work it did
+                self._rolled_out_here.add(method)
+                self._work_ends[method] = wall[1] // 1_000_000
+            self._method_runs[method] = run_id = self._child_run(
+                f"{method} ({policy})", tags, start_ms=None if wall is None else wall[0] // 1_000_000)
+            self._logged_to_method(method)
+            settings = recorded_method(record)
+            used = {} if node is None else _own_entry(_used_parameters([node], self._parameters,
+                                                                       with_tracking=False), method)
+            if settings:  # what ran, under the same keys for every method: not the node's blocks that configure it
+                used = {**_without_method_blocks(used), "method": settings}
+            policy = used.get("policy")
+            if isinstance(policy, BaseModel):  # Kedro 1.7 gives typed nodes their parameters as models
+                policy = policy.model_dump()
+            if isinstance(policy, dict) or recorded_policy(record):  # the policy this method ran, not the node's
+                used["policy"] = {**(policy if isinstance(policy, dict) else {}), **recorded_policy(record)}
+            self._log_params(run_id, used)
         return self._method_runs[method]
 
     def _log_metrics(self, stage_run: str, name: str, data: Any) -> None:
@@ -427,6 +448,7 @@ class MlflowTrackingHook:
         for method, values in methods.items():
             if method not in self._method_runs:
                 self._method_runs[method] = self._child_run(method, {KIND_TAG: "method", METHOD_TAG: method})
+            self._logged_to_method(method)
             series = list(metric_series(f"{prefix}_metrics", values))
             _log_batch(self._client, self._method_runs[method],
                        [item for item in series if is_curated_method_metric(item[0])])
@@ -528,7 +550,7 @@ class MlflowTrackingHook:
 
     def _log_params(self, run_id: str, parameters: dict[str, Any]) -> None:
         logged = self._logged_params.setdefault(run_id, set())
-        flat = redact(flatten(parameters))
+        flat = {key: portable_paths(value, self._project_path) for key, value in redact(flatten(parameters)).items()}
         items = [Param(key, _param_value(value)) for key, value in sorted(flat.items()) if key not in logged]
         for start in range(0, len(items), _MLFLOW_BATCH):
             self._client.log_batch(run_id, params=items[start:start + _MLFLOW_BATCH])
@@ -603,6 +625,18 @@ def _own_entry(used: dict[str, Any], method: str) -> dict[str, Any]:
 
     return {block: {key: own(key, items) for key, items in value.items()} if isinstance(value, dict) else value
             for block, value in used.items()}
+
+
+def _without_method_blocks(used: dict[str, Any]) -> dict[str, Any]:
+    """``used`` less the parameter blocks that set a method's settings (``rollout.methods``, an ``agent`` block
+    such as ``methods.hiprag.agent``), which a method run logs as the ``method.*`` its rollouts recorded."""
+    kept = {key: value for key, value in used.items() if key != "agent" and not key.endswith(".agent")}
+    rollout = kept.get("rollout")
+    if isinstance(rollout, BaseModel):
+        rollout = rollout.model_dump(mode="json")
+    if isinstance(rollout, dict):
+        kept["rollout"] = {key: value for key, value in rollout.items() if key != "methods"}
+    return kept
 
 
 def _param_value(value: Any) -> str:
