@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from prorag.agent import build_runner
 from prorag.agent.runner import METHOD_METADATA_KEY, WALL_TIME_METADATA_KEY, method_settings
 from prorag.specs import MethodSpec, SamplingSpec, TrainedAgentSpec
@@ -31,3 +33,47 @@ def test_rollouts_record_their_methods_settings_and_wall_clock(scripted, keyword
     budgets = {"protocol", "step_budget", "max_new_tokens_per_turn", "max_total_new_tokens"}
     assert budgets <= method_settings(base).keys()
     assert "name" not in method_settings(base) and "max_new_tokens" not in method_settings(base)
+
+
+@pytest.mark.integration  # the MLflow store's migrations alone take ~8 s here
+def test_a_search_span_lasts_as_long_as_the_search_took(scripted, keyword_retriever, hotpot_questions, tmp_path,
+                                                        mlflow_uri):
+    """The engine clocks each turn's generate and search calls, and the rollout's trace shows those times: a slow
+    retriever's span is its measured call, not a share of the wall time by token count (issue 46: a BM25 lookup
+    showed 2.58 min)."""
+    import mlflow
+
+    from prorag.agent.engine import TURN_CLOCK_METADATA_KEY
+    from prorag.tracking.traces import MEASURED_TIMING_NOTE, log_rollout_trace
+
+    question = hotpot_questions[0]
+    retriever = keyword_retriever()
+    search = retriever.search
+
+    def slow_search(queries, k):
+        time.sleep(0.2)
+        return search(queries, k)
+
+    retriever.search = slow_search
+    script = ("<think><step><reasoning>Look it up.</reasoning><search>Harvey Pekar</search>"
+              "<step><reasoning>Done.</reasoning><conclusion>Pekar</conclusion></step></think><answer>Pekar</answer>")
+    method = MethodSpec(name="hiprag_agent", kind="agent", protocol="hiprag", step_budget=3)
+    (rollout,) = build_runner(method, scripted({question.question: script}), retriever, top_k=2,
+                              sampling=SamplingSpec())([question])
+    clock = rollout.metadata[TURN_CLOCK_METADATA_KEY]
+    assert [kind for kind, _, _ in clock][:3] == ["generate", "search", "generate"]
+    assert clock[1][2] - clock[1][1] >= 200_000_000 and clock[0][2] <= clock[1][1] <= clock[1][2] <= clock[2][1]
+
+    experiment = mlflow.create_experiment("clocked", (tmp_path / "mlruns").as_uri())
+    run = mlflow.MlflowClient().create_run(experiment)
+    record = rollout.to_dict()
+    log_rollout_trace(record, experiment_id=experiment, run_id=run.info.run_id, start_ns=0, end_ns=10**18)
+    mlflow.flush_trace_async_logging()
+    [trace] = mlflow.search_traces(locations=[experiment], run_id=run.info.run_id, return_type="list")
+    spans = {span.name: span for span in trace.data.spans}
+    searched = spans["search 1"]
+    assert (searched.start_time_ns, searched.end_time_ns) == (clock[1][1], clock[1][2])  # the measured call
+    assert spans["generate 1"].end_time_ns - spans["generate 1"].start_time_ns < 200_000_000
+    root = spans["hiprag_agent"]
+    assert (root.start_time_ns, root.end_time_ns) == (clock[0][1], clock[-1][2])  # not the window given
+    assert root.attributes["prorag.timing"] == MEASURED_TIMING_NOTE

@@ -473,14 +473,17 @@ class MlflowTrackingHook:
             self._safely("rollout traces", self._log_traces, records, started_ns)
 
     def _log_traces(self, records: list[dict[str, Any]], started_ns: int | None) -> None:
-        """Traces of the sampled rollouts, in their method runs, within the producing node's wall time (if known)."""
+        """Traces of the sampled rollouts, in their method runs: at their measured turns, else within their runner's
+        (else their node's) wall time when made in this run."""
         now = time.time_ns()
         for record in sample_rollouts(records, self._settings.trace_samples):
             key = rollout_key(record)
             if key not in self._traces:
+                wall = recorded_wall_time(record) if started_ns is not None else None
+                start, end = wall if wall is not None else (started_ns or now, now)  # its runner's, else its node's
                 self._traces[key] = log_rollout_trace(
                     record, experiment_id=self._experiment_id, run_id=self._method_runs[key[0]],
-                    start_ns=started_ns or now, end_ns=now, measured=started_ns is not None,
+                    start_ns=start, end_ns=end, measured=started_ns is not None,
                     tags={POLICY_TAG: rollout_policy(record, self._adapter_names)[0]})
 
     def _log_verdicts(self, verdicts: list[dict[str, Any]], rollouts: list[dict[str, Any]], rewards: Any) -> None:
