@@ -177,7 +177,9 @@ def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
     assert sft.data.metrics["sft.live_loss"] == 3.0  # the stage run is the active run while its node runs
     assert children["data_preparation"].data.metrics["data_report.questions_total"] == 3
     assert children["reward_judging"].data.metrics["judge.skipped_trajectories"] == 0
-    assert not parent.data.metrics  # per-method numbers are not flattened into the parent
+    # per-method numbers are not flattened into the parent: only the key ones of its result
+    assert parent.data.metrics == {"result.hiprag.cem": 0.5, "result.hiprag_agent_sft.cem": 0.75,
+                                   "result.hiprag.osr": 1.0, "result.hiprag_agent_sft.osr": 1.0}
 
     base, trained = children["hiprag (base)"], children["hiprag_agent_sft (sft)"]
     assert base.data.tags["prorag.policy"] == "base" and "prorag.adapter" not in base.data.tags
@@ -272,3 +274,121 @@ def test_a_stage_whose_output_fails_to_save_is_failed_with_its_parent(tmp_path: 
     assert (parent.info.status, stage.info.status) == ("FAILED", "FAILED")
     assert "answer" in stage.data.tags["error"] and "No space left on device" in stage.data.tags["error"]
     assert "sk-secretvalue123456" not in stage.data.tags["error"]  # redacted
+
+
+@pytest.mark.integration  # the fresh store's migrations alone take ~8 s here
+def test_the_parent_run_carries_the_result(tmp_path: Path, mlflow_uri: str) -> None:
+    """The run the log links to shows the result: the summary table and OSR/USR as its description and as
+    ``result.md``, CEM, retrievals, OSR and USR per method as ``result.*`` metrics (issue 46: it showed node timings
+    and an empty description)."""
+    from kedro_datasets.text import TextDataset
+
+    summary = "| method | n | CEM [95% CI] |\n|---|---:|---|\n| hiprag_agent_rl | 3 | 0.667 [0.000, 1.000] |\n"
+    metrics = {method: {"popqa": {"cem": cem}, "macro": {"cem": cem, "avg_retrieval_count": retrievals}}
+               for method, cem, retrievals in (("standard_rag", 0.25, 1.0), ("hiprag_agent_rl", 0.5, 1.5))}
+    judged = {"hiprag_agent_rl": {"osr": 0.25, "usr": 0.125, "reward": 0.5}, "skipped_trajectories": 3}
+    mlflow.create_experiment("result", artifact_location=(tmp_path / "mlruns").as_uri())
+    parameters = {"tracking": {"experiment_name": "result", "system_metrics": False, "trace_samples": 0}}
+    catalog = DataCatalog({"evaluation_summary": TextDataset(filepath=str(tmp_path / "evaluation_summary.md")),
+                           "parameters": MemoryDataset(parameters)})
+    hook = MlflowTrackingHook()
+    hook_manager = _create_hook_manager()
+    hook_manager.register(hook)
+    hook.after_catalog_created(catalog)
+    work = Pipeline([
+        Node(lambda: (summary, metrics), None, ["evaluation_summary", "evaluation_metrics"], name="evaluate",
+             namespace="evaluation"),
+        Node(lambda: judged, None, "judge_metrics", name="judge", namespace="reward_judging"),
+    ])
+    hook.before_pipeline_run({"run_id": SAVE_VERSION, "project_path": str(tmp_path), "pipeline_names": ["x"]},
+                             work, catalog)
+    SequentialRunner().run(work, catalog, hook_manager)
+    hook.after_pipeline_run()
+
+    runs = mlflow.search_runs([mlflow.get_experiment_by_name("result").experiment_id], output_format="list")
+    [parent] = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    assert {key: value for key, value in parent.data.metrics.items() if key.startswith("result.")} == {
+        "result.standard_rag.cem": 0.25, "result.standard_rag.retrievals": 1.0,
+        "result.hiprag_agent_rl.cem": 0.5, "result.hiprag_agent_rl.retrievals": 1.5,
+        "result.hiprag_agent_rl.osr": 0.25, "result.hiprag_agent_rl.usr": 0.125}
+    description = parent.data.tags["mlflow.note.content"]
+    assert "### evaluation_summary\n\n" + summary.strip() in description
+    assert "| hiprag_agent_rl | 25% | 12% |" in description and "standard_rag | –" not in description
+    artifact = mlflow.artifacts.load_text(f"runs:/{parent.info.run_id}/result.md")
+    assert artifact == description
+
+
+@pytest.mark.integration  # the fresh store's migrations alone take ~8 s here
+def test_method_runs_share_their_settings_keys_and_log_no_machine_paths(tmp_path: Path, mlflow_uri: str) -> None:
+    """The base and the trained agent's method runs carry the settings they ran with under the same ``method.*``
+    keys (MLflow's Compare diffs ``few_shot``), not under ``rollout.methods`` and ``methods.hiprag.agent.*``; no
+    run logs an absolute path of this machine as a parameter; a method run lasts as long as its rollouts took, not
+    as long as the pipeline stayed open after them (issue 46)."""
+    import time
+
+    from prorag.agent.runner import method_settings
+    from prorag.specs import MethodSpec, TrainedAgentSpec
+
+    agent = TrainedAgentSpec(step_budget=3)
+    base_entry = {"name": "hiprag_agent", "kind": "agent", "protocol": "hiprag", "step_budget": 3, "few_shot": True}
+    adapter = tmp_path / "data" / "06_models" / "sft_adapter" / SAVE_VERSION / "sft_adapter"
+
+    def stamped(method: str, spec: MethodSpec, adapter_dir: Path | None) -> list[dict[str, Any]]:
+        started = time.time_ns()
+        time.sleep(0.3)  # the rollouts' work
+        records = [rollout(method, question, None if adapter_dir is None else str(adapter_dir))
+                   for question in QUESTIONS]
+        for record in records:  # what build_runner records
+            record["metadata"].update(method=method_settings(spec), runner_wall_ns=[started, time.time_ns()])
+        return records
+
+    def base_rollouts(rollout_params: dict[str, Any], policy: dict[str, Any]) -> list[dict[str, Any]]:
+        return stamped("hiprag_agent", MethodSpec(**base_entry), None)
+
+    def trained_rollouts(rollout_params: dict[str, Any], policy: dict[str, Any], agent_params: dict[str, Any],
+                         ) -> list[dict[str, Any]]:
+        time.sleep(1.5)  # training, after the base rollouts
+        return stamped("hiprag_agent_sft", MethodSpec(kind="agent", **{**agent.model_dump(),
+                                                                      "name": "hiprag_agent_sft"}), adapter)
+
+    mlflow.create_experiment("settings", artifact_location=(tmp_path / "mlruns").as_uri())
+    parameters = {"data": {"corpus_file": "/srv/corpora/wiki.jsonl", "out": str(tmp_path / "data" / "x.jsonl")},
+                  "rollout": {"temperature": 0.0, "methods": [{"name": "direct", "kind": "direct"}, base_entry]},
+                  "policy": {"model": BUNDLED_TINY_LLAMA, "adapter": None},
+                  "methods": {"hiprag": {"agent": agent.model_dump()}},
+                  "tracking": {"experiment_name": "settings", "system_metrics": False, "trace_samples": 0}}
+    catalog = DataCatalog({"parameters": MemoryDataset(parameters),
+                           "params:methods.hiprag.agent": MemoryDataset(parameters["methods"]["hiprag"]["agent"]),
+                           **{f"params:{name}": MemoryDataset(value) for name, value in parameters.items()}})
+    hook = MlflowTrackingHook()
+    hook_manager = _create_hook_manager()
+    hook_manager.register(hook)
+    hook.after_catalog_created(catalog)
+    work = Pipeline([
+        Node(lambda data: None, "params:data", None, name="prepare", namespace="data_preparation"),
+        Node(base_rollouts, ["params:rollout", "params:policy"], "trajectories", name="run_rollouts",
+             namespace="rollout"),
+        Node(trained_rollouts, ["params:rollout", "params:policy", "params:methods.hiprag.agent"],
+             "sft_policy_trajectories", name="run_policy_rollouts", namespace="sft"),
+    ])
+    hook.before_pipeline_run({"run_id": SAVE_VERSION, "project_path": str(tmp_path), "pipeline_names": ["x"]},
+                             work, catalog)
+    SequentialRunner().run(work, catalog, hook_manager)
+    hook.after_pipeline_run()
+
+    runs = mlflow.search_runs([mlflow.get_experiment_by_name("settings").experiment_id], output_format="list")
+    by_name = {run.info.run_name: run for run in runs}
+    base, trained = by_name["hiprag_agent (base)"].data.params, by_name["hiprag_agent_sft (sft)"].data.params
+    assert set(base) == set(trained)
+    assert not any(key.startswith(("rollout.methods", "methods.")) for key in base | trained)
+    assert (base["method.few_shot"], trained["method.few_shot"]) == ("true", "false")
+    assert base["method.step_budget"] == trained["method.step_budget"] == "3"
+    assert trained["policy.adapter"] == f"data/06_models/sft_adapter/{SAVE_VERSION}/sft_adapter"
+    [parent] = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    assert parent.data.params["data.corpus_file"] == "<local>/wiki.jsonl"
+    assert parent.data.params["data.out"] == "data/x.jsonl"
+    durations = {name: run.info.end_time - run.info.start_time for name, run in by_name.items()}
+    assert 300 <= durations["hiprag_agent (base)"] < 1000 and 300 <= durations["hiprag_agent_sft (sft)"] < 1000
+    assert durations[parent.info.run_name] >= 2100
+    logged = [value for run in runs for value in (*run.data.params.values(), *run.data.tags.values())]
+    assert not [value for value in logged if str(tmp_path) in value or "/srv/" in value]

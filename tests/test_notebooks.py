@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,7 @@ def _make_runs(root: Path) -> None:
                 mlflow.log_metric("rl.reward", reward, step=step)
         with mlflow.start_run(run_name="hiprag_agent_rl", nested=True,
                               tags={"prorag.kind": "method", "prorag.method": "hiprag_agent_rl"}):
-            mlflow.log_metrics({"evaluation.all.cem": 0.4, "judge.osr": 0.25})
+            mlflow.log_metrics({"evaluation.macro.cem": 0.4, "evaluation.popqa.cem": 0.4, "judge.osr": 0.25})
 
 
 def _kernel(tmp_path: Path) -> KernelManager:
@@ -135,6 +136,51 @@ def _kernel(tmp_path: Path) -> KernelManager:
         "display_name": "prorag venv", "language": "python"}), encoding="utf-8")
     specs = KernelSpecManager(kernel_dirs=[str(spec.parent)], ensure_native_kernel=False)
     return KernelManager(kernel_name="prorag-venv", kernel_spec_manager=specs)
+
+
+class _HTMLTable(HTMLParser):
+    """The header and body rows of the first HTML table pandas renders (``to_html``): per row its header cells
+    (the index levels shown) and its data cells."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head: list[list[str]] = []
+        self.body: list[tuple[list[str], list[str]]] = []
+        self._section = ""
+        self._cell: str | None = None
+        self._row: tuple[list[str], list[str]] = ([], [])
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("thead", "tbody"):
+            self._section = tag
+        elif tag == "tr":
+            self._row = ([], [])
+        elif tag in ("th", "td"):
+            self._cell = ""
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("th", "td") and self._cell is not None:
+            self._row[0 if tag == "th" else 1].append(self._cell.strip())
+            self._cell = None
+        elif tag == "tr":
+            if self._section == "thead":
+                self.head.append(self._row[0])
+            else:
+                self.body.append(self._row)
+
+
+def _cem_column(html: str) -> dict[str, float]:
+    """Method → the ``evaluation.macro.cem`` cell of the notebook's MLflow pivot (its HTML display: index levels
+    run and method, one column per metric)."""
+    table = _HTMLTable()
+    table.feed(html)
+    columns = table.head[0][2:]  # after the index levels' header cells
+    position = columns.index("evaluation.macro.cem")
+    return {headers[-1]: float(cells[position]) for headers, cells in table.body if cells[position] not in ("", "NaN")}
 
 
 def _text(notebook: Any) -> str:
@@ -162,8 +208,8 @@ def test_explore_runs_notebook_executes(project_copy: Path, mlflow_uri: str, tmp
     assert "step verdicts for 3 trajectories" in text
     assert "hiprag_agent · hotpotqa/" in text and "turn 1 · policy" in text and "inserted context" in text
     assert "4 MLflow runs, 2 of them nested" in text
-    def result(marker: str) -> str:  # the value a cell displays (rich's pretty printer adds an empty display first)
-        return next(output["data"]["text/plain"] for cell in notebook.cells if marker in cell.source
+    def result(marker: str, kind: str = "text/plain") -> str:  # the value a cell displays (rich's pretty printer
+        return next(output["data"][kind] for cell in notebook.cells if marker in cell.source  # adds an empty one)
                     for output in cell.outputs if output["output_type"] == "execute_result")
 
     per_method = result("per_method.round")
@@ -171,5 +217,9 @@ def test_explore_runs_notebook_executes(project_copy: Path, mlflow_uri: str, tmp
     comparison = result("comparison.round")
     for row in ("hiprag_agent", "direct", "hiprag_agent_rl"):  # from the flat run's keys and from the method run
         assert row in comparison
-    assert "evaluation.all.cem" in comparison and "judge.osr" in comparison
+    # the CEM column is the key every method run and the flat layout carry (issue 46: it wanted evaluation.all.*)
+    assert "evaluation.macro.cem" in comparison and "judge.osr" in comparison
+    cem = _cem_column(result("comparison.round", "text/html"))
+    assert set(cem) == {"direct", "hiprag_agent", "hiprag_agent_rl"} and cem["hiprag_agent_rl"] == 0.4
+    assert all(0.0 <= value <= 1.0 for value in cem.values())  # a number for every method, none missing
     assert "no run logged" not in text  # the nested rl run's reward curve is found

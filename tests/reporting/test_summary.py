@@ -85,3 +85,23 @@ def test_a_short_training_run_is_called_a_smoke_run(capsys):
     hook.after_pipeline_run()
     out = capsys.readouterr().out
     assert "Trained in this run: search_r1 400 steps." in out and "smoke" not in out
+
+
+def test_the_last_screen_adds_the_search_rates_when_judging_ran(capsys):
+    """The judge's OSR/USR per method are printed below the summary (issue 46: the screen had none although
+    judging ran); a run that did not judge prints no such table."""
+    hook = ResultScreenHook()
+    hook.before_pipeline_run(catalog=None)  # type: ignore[arg-type]
+    hook.after_dataset_saved("evaluation_summary", "| method | n |\n")
+    hook.after_dataset_saved("judge_metrics", {"hiprag_agent": {"osr": 0.25, "usr": 0.5, "reward": 0.7},
+                                               "hiprag_agent_rl": {"osr": 0.1, "usr": 0.125},
+                                               "skipped_trajectories": 2})
+    hook.after_pipeline_run()
+    out = capsys.readouterr().out
+    assert "| method | OSR (over-search) | USR (under-search) |" in out
+    assert "| hiprag_agent | 25% | 50% |" in out and "| hiprag_agent_rl | 10% | 12% |" in out
+    assert out.index("| method | n |") < out.index("OSR (over-search)")  # below the summary
+    hook.before_pipeline_run(catalog=None)  # type: ignore[arg-type]
+    hook.after_dataset_saved("evaluation_summary", "| method | n |\n")
+    hook.after_pipeline_run()
+    assert "OSR" not in capsys.readouterr().out

@@ -38,6 +38,7 @@ context holds :data:`EMPTY_QUERY_NOTE`; a query with no hits gets :data:`NO_RESU
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -58,6 +59,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EMPTY_QUERY_NOTE: Final = "(empty search query: nothing was retrieved)"
+TURN_CLOCK_METADATA_KEY: Final = "turn_clock_ns"
+"""``Rollout.metadata`` key of the rollout's measured turns: ``[kind, start, end]`` (``generate`` or ``search``,
+``time.time_ns``) per generate call and per retrieval, in the order of its segments. The generator and the
+retriever serve a turn's rollouts in one batched call: a span is that call, shared by the rollouts batched with
+it; an empty query's search retrieves nothing and lasts no time."""
 NO_RESULTS_NOTE: Final = "(no results)"
 
 
@@ -144,6 +150,8 @@ class _State:
     queries: list[str] = field(default_factory=list)
     retrieved_ids: list[list[str]] = field(default_factory=list)
     stop_reason: StopReason | None = None
+    clock: list[list[str | int]] = field(default_factory=list)
+    """:data:`TURN_CLOCK_METADATA_KEY`."""
 
     def add(self, segment: Segment) -> None:
         self.segments.append(segment)
@@ -245,10 +253,13 @@ class RolloutEngine:
         params = SamplingParams(max_new_tokens=max(allowed), temperature=self.temperature, top_p=self.top_p,
                                 stop=self.adapter.stop_strings,
                                 seed=None if self.seed is None else self.seed + turn, logprobs=self.logprobs)
+        started = time.time_ns()
         results = self.generator.generate([[*state.prompt_ids, *state.ids] for state in active], params)
+        ended = time.time_ns()
         if len(results) != len(active) or any(not samples for samples in results):
             raise RolloutError(f"the generator returned {len(results)} results for {len(active)} prompts")
         for state, limit, samples in zip(active, allowed, results, strict=True):
+            state.clock.append(["generate", started, ended])
             self._advance(state, self._truncate(samples[0], limit))
 
     def _truncate(self, completion: Completion, limit: int) -> Completion:
@@ -339,6 +350,7 @@ class RolloutEngine:
         searching = [state for state in pending if state.pending_query]
         queries = [state.pending_query or "" for state in searching]
         hits: list[list[Hit]] = []
+        started = time.time_ns()
         if searching:
             try:
                 hits = self.retriever.search(queries, self.top_k)
@@ -346,9 +358,11 @@ class RolloutEngine:
                     raise RolloutError(f"the retriever returned {len(hits)} results for {len(queries)} queries")
             except Exception as error:
                 raise RetrievalFailedError([state.item.key for state in searching], queries, error) from error
+        ended = time.time_ns()
         found = {id(state): result[: self.top_k] for state, result in zip(searching, hits, strict=True)}
         for state in pending:
             query = state.pending_query or ""
+            state.clock.append(["search", started, ended] if query else ["search", ended, ended])
             result = found.get(id(state), [])
             docs = documents_text(result) if query else escape_retrieved(EMPTY_QUERY_NOTE)
             self._insert(state, self.adapter.insertion(docs), "context")
@@ -388,5 +402,6 @@ class RolloutEngine:
             tag_tokens=state.tokens_of("tag"),
             turns=state.turns,
             sample_index=state.sample_index,
-            metadata={"step_budget": self.step_budget, "top_k": self.top_k, "steps_taken": state.steps},
+            metadata={"step_budget": self.step_budget, "top_k": self.top_k, "steps_taken": state.steps,
+                      TURN_CLOCK_METADATA_KEY: [list(entry) for entry in state.clock]},
         )

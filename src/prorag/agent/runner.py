@@ -3,8 +3,10 @@ method's protocol (looked up by name in :mod:`prorag.protocol.registry`, so a re
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 from prorag.agent.baselines import DirectAnswer, StandardRAG
 from prorag.agent.engine import RolloutEngine
@@ -21,6 +23,11 @@ Runner = Callable[[Sequence[Question]], list[Rollout]]
 
 POLICY_METADATA_KEY = "policy"
 """``Rollout.metadata`` key of the policy (model, adapter, backend) that produced the rollout."""
+METHOD_METADATA_KEY = "method"
+"""``Rollout.metadata`` key of the settings of the method that produced the rollout (:func:`method_settings`)."""
+WALL_TIME_METADATA_KEY = "runner_wall_ns"
+"""``Rollout.metadata`` key of ``[start, end]``: the wall clock (``time.time_ns``) around the runner call that
+produced the rollout with the rest of its method's rollouts (every question and sample of one method)."""
 
 
 def record_policy(rollouts: Sequence[Rollout], policy: PolicySpec) -> list[Rollout]:
@@ -48,15 +55,37 @@ def build_engine(agent: AgentSpec, generator: Generator, retriever: Retriever, *
                          top_p=sampling.top_p, seed=sampling.seed, method=method, **engine_options)
 
 
+def method_settings(method: MethodSpec) -> dict[str, Any]:
+    """What ``method`` runs with, without its name: a baseline's kind and answer budget; an agent's kind,
+    protocol, prompt options and budgets (the same keys for an agent before and after training)."""
+    if method.kind != "agent":
+        return {"kind": method.kind, "max_new_tokens": method.max_new_tokens}
+    return method.model_dump(mode="json", exclude={"name", "max_new_tokens"})
+
+
 def build_runner(method: MethodSpec, generator: Generator, retriever: Retriever, *, top_k: int,
                  sampling: SamplingSpec, samples: int = 1) -> Runner:
-    """The runner of ``method``; its rollouts are named ``method.name``. ``samples`` applies to agents only
-    (the single-shot baselines answer once)."""
+    """The runner of ``method``; its rollouts are named ``method.name`` and carry the method's settings and the
+    wall clock of the call in their metadata (:data:`METHOD_METADATA_KEY`, :data:`WALL_TIME_METADATA_KEY`).
+    ``samples`` applies to agents only (the single-shot baselines answer once)."""
     options = {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
                "method": method.name}
+    runner: Runner
     if method.kind == "direct":
-        return DirectAnswer(generator, max_new_tokens=method.max_new_tokens, **options).run
-    if method.kind == "standard_rag":
-        return StandardRAG(generator, retriever, top_k=top_k, max_new_tokens=method.max_new_tokens, **options).run
-    engine = build_engine(method, generator, retriever, top_k=top_k, sampling=sampling, method=method.name)
-    return partial(engine.run, samples=samples)
+        runner = DirectAnswer(generator, max_new_tokens=method.max_new_tokens, **options).run
+    elif method.kind == "standard_rag":
+        runner = StandardRAG(generator, retriever, top_k=top_k, max_new_tokens=method.max_new_tokens, **options).run
+    else:
+        engine = build_engine(method, generator, retriever, top_k=top_k, sampling=sampling, method=method.name)
+        runner = partial(engine.run, samples=samples)
+    return partial(_stamped, runner, method_settings(method))
+
+
+def _stamped(runner: Runner, settings: dict[str, Any], questions: Sequence[Question]) -> list[Rollout]:
+    started = time.time_ns()
+    rollouts = runner(questions)
+    wall = [started, time.time_ns()]
+    for rollout in rollouts:
+        rollout.metadata[METHOD_METADATA_KEY] = dict(settings)
+        rollout.metadata[WALL_TIME_METADATA_KEY] = list(wall)
+    return rollouts

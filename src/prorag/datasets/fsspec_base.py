@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import PurePosixPath
 from typing import Any, Generic, TypeVar
 
@@ -53,6 +54,20 @@ def table_preview(columns: list[str], rows: list[list[Any]], index: list[Any] | 
     """A kedro-viz table: pandas' ``orient="split"`` shape (``columns``, ``index``, ``data``)."""
     return TablePreview({"columns": columns, "index": list(range(len(rows))) if index is None else index,
                          "data": rows})
+
+
+def spread_rows(rows: Iterable[tuple[Any, Mapping[str, Any]]], key: str, nrows: int,
+                ) -> list[tuple[Any, Mapping[str, Any]]]:
+    """``nrows`` of the ``(index, row)`` pairs taken in turn from each value of ``row[key]`` (in order of first
+    appearance), so that a preview shows every method rather than the first one's rows; at most ``nrows`` rows per
+    value are kept while reading."""
+    groups: dict[Any, list[tuple[Any, Mapping[str, Any]]]] = {}
+    for index, row in rows:
+        group = groups.setdefault(row.get(key), [])
+        if len(group) < nrows:
+            group.append((index, row))
+    spread = [group[turn] for turn in range(nrows) for group in groups.values() if turn < len(group)]
+    return spread[:nrows]
 
 
 class FsspecVersionedDataset(AbstractVersionedDataset[LoadT, SaveT], Generic[LoadT, SaveT]):

@@ -13,7 +13,13 @@ from kedro.io.core import DatasetError
 from kedro_datasets._typing import TablePreview
 
 from prorag.data.jsonl import DataFileError, parse_jsonl_lines
-from prorag.datasets.fsspec_base import PREVIEW_MAX_CHARS, FsspecVersionedDataset, preview_cell, table_preview
+from prorag.datasets.fsspec_base import (
+    PREVIEW_MAX_CHARS,
+    FsspecVersionedDataset,
+    preview_cell,
+    spread_rows,
+    table_preview,
+)
 
 
 class JSONLinesDataset(FsspecVersionedDataset[list[dict[str, Any]], list[dict[str, Any]]]):
@@ -53,17 +59,21 @@ class JSONLinesDataset(FsspecVersionedDataset[list[dict[str, Any]], list[dict[st
                 handle.write(payload)
         self._invalidate_cache()
 
-    def preview(self, nrows: int = 5, max_chars: int = PREVIEW_MAX_CHARS,
-                columns: list[str] | None = None) -> TablePreview:
-        """The first ``nrows`` records as a kedro-viz table (read line by line, never the whole file): one column
-        per key in order of first appearance (or the ``columns`` named, in their order), ``index`` the line
-        numbers, nested values as compact JSON and every cell cut to ``max_chars`` characters."""
+    def preview(self, nrows: int = 5, max_chars: int = PREVIEW_MAX_CHARS, columns: list[str] | None = None,
+                spread_by: str | None = None) -> TablePreview:
+        """The first ``nrows`` records as a kedro-viz table (read line by line, never the whole file at once): one
+        column per key in order of first appearance (or the ``columns`` named, in their order), ``index`` the line
+        numbers, nested values as compact JSON and every cell cut to ``max_chars`` characters. With ``spread_by``
+        (a key, e.g. ``method``), the records are taken in turn from each of its values (:func:`spread_rows`), so
+        the trained agents appended after the baselines show too; the whole file is then read."""
         if nrows < 0 or max_chars < 1:
             raise DatasetError(f"preview needs nrows >= 0 and max_chars >= 1, got {nrows} and {max_chars}")
         path = self._load_path()
         try:
             with self._fs.open(path, mode="rb") as handle:
-                numbered = list(islice(parse_jsonl_lines(handle, path), nrows))
+                lines = parse_jsonl_lines(handle, path)
+                numbered = (list(islice(lines, nrows)) if spread_by is None
+                            else spread_rows(lines, spread_by, nrows))
         except DataFileError as error:
             raise DatasetError(str(error)) from error
         if columns is None:

@@ -19,7 +19,7 @@ from kedro.io import DataCatalog
 from kedro.pipeline import Node, Pipeline
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
-from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NOTE
 from pydantic import BaseModel
 
 from prorag.config import ParameterError, parse_parameters
@@ -31,6 +31,7 @@ from prorag.tracking import (
     flatten,
     git_sha,
     metric_series,
+    portable_paths,
     redact,
     redact_text,
 )
@@ -38,6 +39,7 @@ from prorag.tracking.missing_inputs import (
     Available,
 )
 from prorag.tracking.model_reference import BackgroundUploads, log_model_folder
+from prorag.tracking.result import RunResult
 from prorag.tracking.run_manifest import (
     process_alive,
 )
@@ -57,7 +59,9 @@ from prorag.tracking.runs import (
     is_curated_method_metric,
     is_peft_adapter,
     is_rollout_records,
+    recorded_method,
     recorded_policy,
+    recorded_wall_time,
     records_digest,
     rollout_policy,
     split_method_metrics,
@@ -71,6 +75,9 @@ logger = logging.getLogger(__name__)
 
 _MLFLOW_PARAM_VALUE_LIMIT = 6000
 _MLFLOW_BATCH = 100
+_MLFLOW_TAG_VALUE_LIMIT = 8000
+RESULT_ARTIFACT = "result.md"
+"""The parent run's artifact with the run's result tables (its description holds the same text)."""
 HOST_TAG = "prorag.host"
 PID_TAG = "prorag.pid"
 """Tags of a parent run naming the process that runs it, so that the next run can mark it KILLED once it is gone."""
@@ -82,7 +89,9 @@ class MlflowTrackingHook:
     The tracking URI is ``MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/mlflow.db``; the experiment is the
     ``tracking.experiment_name`` parameter, tagged as a model-development experiment. The *parent* run holds the
     Kedro session's tags, the parameters the pipeline reads (secrets redacted), system metrics, the question and
-    corpus datasets as run inputs (``tracking.input_datasets``, with content digests), and the per-node timing.
+    corpus datasets as run inputs (``tracking.input_datasets``, with content digests), the per-node timing, and the
+    run's result (:class:`~prorag.tracking.result.RunResult`): its result tables and OSR/USR as the run's
+    description and ``result.md``, CEM, retrievals, OSR and USR per method as ``result.<method>.*`` metrics.
 
     Children (:mod:`prorag.tracking.runs`): a *stage* run per pipeline stage (the node's namespace or pipeline
     package), active while its nodes run, so that training curves land in it, with its nodes' parameters,
@@ -98,6 +107,7 @@ class MlflowTrackingHook:
         self.run_hint: str | None = None
         """How to open the last finished run (its URL in the training view), for the result screen."""
         self._settings = TrackingParams()
+        self._project_path: Path | None = None
         self._catalog: DataCatalog | None = None
         self._exit_handler_installed = False
         self._reset()
@@ -119,6 +129,10 @@ class MlflowTrackingHook:
         self._adapter_names: dict[str, str] = {}
         self._logged_inputs: set[tuple[str, str]] = set()
         self._uploads = BackgroundUploads()
+        self._result = RunResult()
+        self._work_ends: dict[str, int] = {}
+        """Per method, when its run ends (ms): its rollouts' end when made in this run, else its last number."""
+        self._rolled_out_here: set[str] = set()
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline,
@@ -161,7 +175,7 @@ class MlflowTrackingHook:
         owner = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
         base_model = _parameter(parameters, "policy.model")
         if base_model is not None:
-            self._child_tags[BASE_MODEL_TAG] = redact_text(str(base_model))
+            self._child_tags[BASE_MODEL_TAG] = portable_paths(redact_text(str(base_model)), project_path)
         mlflow.set_tags({
             **self._child_tags,
             **owner,
@@ -278,6 +292,7 @@ class MlflowTrackingHook:
             return
         if node is not None and node.name in self._unsaved:
             self._unsaved[node.name][1].discard(dataset_name)
+        self._result.observe(dataset_name, data)
         saved = local_path(self._catalog, dataset_name, saved=True)
         if dataset_name in self._settings.input_datasets:
             self._log_input(dataset_name, data, file_of(saved), node)
@@ -335,20 +350,31 @@ class MlflowTrackingHook:
         self._run_active = False
         self._uploads.join()  # background uploads of large models (tracking.upload_large_models) end first
         self._safely("traces", mlflow.flush_trace_async_logging)
+        self._safely("the run's result", self._log_result)
         active = mlflow.active_run()
         while active is not None and active.info.run_id != self._parent_id:
             mlflow.end_run(status=status)
             active = mlflow.active_run()
-        for run_id in self._method_runs.values():
-            self._client.set_terminated(run_id, status=status)
+        for method, run_id in self._method_runs.items():
+            self._client.set_terminated(run_id, status=status, end_time=self._work_ends.get(method))
         if active is not None:
             mlflow.end_run(status=status)
         else:
             self._client.set_terminated(self._parent_id, status=status)
         self.run_hint = ui_hint(self._tracking_uri, self._experiment_id, self._parent_id,
-                                project_path=getattr(self, "_project_path", None))
+                                project_path=self._project_path)
         logger.info("MLflow run %s %s (%d stage and %d method runs); open it with: %s", self._parent_id,
                     status.lower(), len(self._stage_runs), len(self._method_runs), self.run_hint)
+
+    def _log_result(self) -> None:
+        """The run's result on the parent run, where its link opens: the result tables and OSR/USR as its
+        description and as ``result.md``, and ``result.<method>.<cem|retrievals|osr|usr>`` as metrics."""
+        _log_batch(self._client, self._parent_id,
+                   [(key, value, None) for key, value in self._result.key_metrics().items()])
+        text = self._result.markdown()
+        if text:
+            self._client.set_tag(self._parent_id, MLFLOW_RUN_NOTE, _note(text))
+            self._client.log_text(self._parent_id, text, RESULT_ARTIFACT)
 
     def _safely(self, what: str, function: Callable[..., Any], *args: Any) -> None:
         """Tracking extras (traces, models, inputs) never fail a pipeline: an error is a warning."""
@@ -357,10 +383,15 @@ class MlflowTrackingHook:
         except Exception as error:  # any MLflow or file error: the run's own outputs are saved anyway
             logger.warning("MLflow: could not log %s: %s", what, redact_text(f"{type(error).__name__}: {error}"))
 
-    def _child_run(self, name: str, tags: dict[str, str]) -> str:
-        run = self._client.create_run(self._experiment_id, run_name=name,
+    def _child_run(self, name: str, tags: dict[str, str], start_ms: int | None = None) -> str:
+        run = self._client.create_run(self._experiment_id, run_name=name, start_time=start_ms,
                                       tags={**self._child_tags, **tags, MLFLOW_PARENT_RUN_ID: self._parent_id})
         return run.info.run_id
+
+    def _logged_to_method(self, method: str) -> None:
+        """A method run whose rollouts were not made in this run ends with the last number logged to it."""
+        if method not in self._rolled_out_here:
+            self._work_ends[method] = int(time.time() * 1000)
 
     def _stage_run(self, node: Node) -> str:
         """The run of the node's stage (created on first use)."""
@@ -384,18 +415,27 @@ class MlflowTrackingHook:
             if adapter:
                 tags[ADAPTER_TAG] = adapter
             if base_model:
-                tags[BASE_MODEL_TAG] = redact_text(base_model)
+                tags[BASE_MODEL_TAG] = portable_paths(redact_text(base_model), self._project_path)
             if node is not None:
                 tags[STAGE_TAG] = _stage_of(node)
-            self._method_runs[method] = run_id = self._child_run(f"{method} ({policy})", tags)
-            if node is not None:
-                used = _own_entry(_used_parameters([node], self._parameters, with_tracking=False), method)
-                policy = used.get("policy")
-                if isinstance(policy, BaseModel):  # Kedro 1.7 gives typed nodes their parameters as models
-                    policy = policy.model_dump()
-                if isinstance(policy, dict):  # the policy this method ran, not the node's base policy
-                    used["policy"] = {**policy, **recorded_policy(record)}
-                self._log_params(run_id, used)
+            wall = recorded_wall_time(record) if node is not None else None
+            if wall is not None:  # made in this run: the method run spans its runner's call, the work it did
+                self._rolled_out_here.add(method)
+                self._work_ends[method] = wall[1] // 1_000_000
+            self._method_runs[method] = run_id = self._child_run(
+                f"{method} ({policy})", tags, start_ms=None if wall is None else wall[0] // 1_000_000)
+            self._logged_to_method(method)
+            settings = recorded_method(record)
+            used = {} if node is None else _own_entry(_used_parameters([node], self._parameters,
+                                                                       with_tracking=False), method)
+            if settings:  # what ran, under the same keys for every method: not the node's blocks that configure it
+                used = {**_without_method_blocks(used), "method": settings}
+            policy = used.get("policy")
+            if isinstance(policy, BaseModel):  # Kedro 1.7 gives typed nodes their parameters as models
+                policy = policy.model_dump()
+            if isinstance(policy, dict) or recorded_policy(record):  # the policy this method ran, not the node's
+                used["policy"] = {**(policy if isinstance(policy, dict) else {}), **recorded_policy(record)}
+            self._log_params(run_id, used)
         return self._method_runs[method]
 
     def _log_metrics(self, stage_run: str, name: str, data: Any) -> None:
@@ -408,6 +448,7 @@ class MlflowTrackingHook:
         for method, values in methods.items():
             if method not in self._method_runs:
                 self._method_runs[method] = self._child_run(method, {KIND_TAG: "method", METHOD_TAG: method})
+            self._logged_to_method(method)
             series = list(metric_series(f"{prefix}_metrics", values))
             _log_batch(self._client, self._method_runs[method],
                        [item for item in series if is_curated_method_metric(item[0])])
@@ -432,14 +473,17 @@ class MlflowTrackingHook:
             self._safely("rollout traces", self._log_traces, records, started_ns)
 
     def _log_traces(self, records: list[dict[str, Any]], started_ns: int | None) -> None:
-        """Traces of the sampled rollouts, in their method runs, within the producing node's wall time (if known)."""
+        """Traces of the sampled rollouts, in their method runs: at their measured turns, else within their runner's
+        (else their node's) wall time when made in this run."""
         now = time.time_ns()
         for record in sample_rollouts(records, self._settings.trace_samples):
             key = rollout_key(record)
             if key not in self._traces:
+                wall = recorded_wall_time(record) if started_ns is not None else None
+                start, end = wall if wall is not None else (started_ns or now, now)  # its runner's, else its node's
                 self._traces[key] = log_rollout_trace(
                     record, experiment_id=self._experiment_id, run_id=self._method_runs[key[0]],
-                    start_ns=started_ns or now, end_ns=now, measured=started_ns is not None,
+                    start_ns=start, end_ns=end, measured=started_ns is not None,
                     tags={POLICY_TAG: rollout_policy(record, self._adapter_names)[0]})
 
     def _log_verdicts(self, verdicts: list[dict[str, Any]], rollouts: list[dict[str, Any]], rewards: Any) -> None:
@@ -509,7 +553,7 @@ class MlflowTrackingHook:
 
     def _log_params(self, run_id: str, parameters: dict[str, Any]) -> None:
         logged = self._logged_params.setdefault(run_id, set())
-        flat = redact(flatten(parameters))
+        flat = {key: portable_paths(value, self._project_path) for key, value in redact(flatten(parameters)).items()}
         items = [Param(key, _param_value(value)) for key, value in sorted(flat.items()) if key not in logged]
         for start in range(0, len(items), _MLFLOW_BATCH):
             self._client.log_batch(run_id, params=items[start:start + _MLFLOW_BATCH])
@@ -522,6 +566,14 @@ def _log_batch(client: MlflowClient, run_id: str, series: Iterable[tuple[str, fl
     metrics = [Metric(key, value, now, step or 0) for key, value, step in series]
     for start in range(0, len(metrics), 1000):
         client.log_batch(run_id, metrics=metrics[start:start + 1000])
+
+
+def _note(text: str) -> str:
+    """``text`` cut to what a run's description (a tag) holds, pointing at the artifact for the rest."""
+    if len(text) <= _MLFLOW_TAG_VALUE_LIMIT:
+        return text
+    tail = f"\n\n… (the whole result is the artifact {RESULT_ARTIFACT})"
+    return text[:_MLFLOW_TAG_VALUE_LIMIT - len(tail)] + tail
 
 
 def _stage_of(node: Node) -> str:
@@ -576,6 +628,18 @@ def _own_entry(used: dict[str, Any], method: str) -> dict[str, Any]:
 
     return {block: {key: own(key, items) for key, items in value.items()} if isinstance(value, dict) else value
             for block, value in used.items()}
+
+
+def _without_method_blocks(used: dict[str, Any]) -> dict[str, Any]:
+    """``used`` less the parameter blocks that set a method's settings (``rollout.methods``, an ``agent`` block
+    such as ``methods.hiprag.agent``), which a method run logs as the ``method.*`` its rollouts recorded."""
+    kept = {key: value for key, value in used.items() if key != "agent" and not key.endswith(".agent")}
+    rollout = kept.get("rollout")
+    if isinstance(rollout, BaseModel):
+        rollout = rollout.model_dump(mode="json")
+    if isinstance(rollout, dict):
+        kept["rollout"] = {key: value for key, value in rollout.items() if key != "methods"}
+    return kept
 
 
 def _param_value(value: Any) -> str:

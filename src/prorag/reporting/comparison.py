@@ -154,19 +154,7 @@ def render_report(inputs: ComparisonInputs, table: pd.DataFrame, tests: pd.DataF
     for arm in inputs.arms.astype(object).where(inputs.arms.notna(), "").to_dict("records"):
         adapter = f"{arm['adapter']} ({arm['adapter_version']})" if arm["adapter"] else "base policy"
         lines.append(f"| {arm['arm']} | {arm['status']} | {adapter} | {arm['reason']} |")
-    has_lasj = "lasj" in macro and macro["lasj"].notna().any()
-    header = ("| arm | CEM | EM | F1 | format | steps | retrievals | output tokens | context tokens / retrieval "
-              "| OSR | USR | unknown |" + (" LLM judge |" if has_lasj else ""))
-    lines += ["", "## Results, macro-averaged over datasets", "", header,
-              "|---" * (header.count("|") - 1) + "|"]
-    for method, row in macro.iterrows():
-        cells = [with_interval(row, "cem"), with_interval(row, "em"), with_interval(row, "f1"),
-                 percent(row["format_rate"]), f"{row['avg_steps']:.2f}", f"{row['avg_retrieval_count']:.2f}",
-                 f"{row['avg_generated_tokens']:.0f}", f"{row['context_tokens_per_retrieval']:.0f}",
-                 percent(row["osr"]), percent(row["usr"]), percent(row["unknown_rate"])]
-        if has_lasj:
-            cells.append(f"{percent(row['lasj'])} ({percent(row['lasj_unknown'])} unknown)")
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines += ["", "## Results, macro-averaged over datasets", "", *macro_table_lines(table)]
     lines += ["", "## CEM per dataset", "", "| arm | " + " | ".join(datasets) + " | macro |",
               "|---" * (len(datasets) + 2) + "|"]
     per_dataset = table.set_index(["method", "dataset"])
@@ -198,6 +186,25 @@ def render_report(inputs: ComparisonInputs, table: pd.DataFrame, tests: pd.DataF
               "output tokens and against retrievals: the efficiency frontier), `comparison_search.png` (OSR and USR "
               "per arm). They are attached to the MLflow run too.", ""]
     return redact_text("\n".join(lines))  # a judge's base_url may carry credentials
+
+
+def macro_table_lines(table: pd.DataFrame) -> list[str]:
+    """The Markdown table of :func:`comparison_table`'s macro rows: per arm CEM, EM, F1 with intervals, format,
+    steps, retrievals, tokens, OSR, USR, the unknown rate (and the LLM judge's accuracy when it ran)."""
+    macro = table[table["dataset"] == MACRO].set_index("method")
+    has_lasj = "lasj" in macro and macro["lasj"].notna().any()
+    header = ("| arm | CEM | EM | F1 | format | steps | retrievals | output tokens | context tokens / retrieval "
+              "| OSR | USR | unknown |" + (" LLM judge |" if has_lasj else ""))
+    lines = [header, "|---" * (header.count("|") - 1) + "|"]
+    for method, row in macro.iterrows():
+        cells = [with_interval(row, "cem"), with_interval(row, "em"), with_interval(row, "f1"),
+                 percent(row["format_rate"]), f"{row['avg_steps']:.2f}", f"{row['avg_retrieval_count']:.2f}",
+                 f"{row['avg_generated_tokens']:.0f}", f"{row['context_tokens_per_retrieval']:.0f}",
+                 percent(row["osr"]), percent(row["usr"]), percent(row["unknown_rate"])]
+        if has_lasj:
+            cells.append(f"{percent(row['lasj'])} ({percent(row['lasj_unknown'])} unknown)")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _tests_section(tests: pd.DataFrame, reference: str, pct: int) -> list[str]:

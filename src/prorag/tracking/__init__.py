@@ -7,6 +7,7 @@ from prorag.tracking.mlflow_utils import (
     flatten,
     git_sha,
     metric_series,
+    portable_paths,
     sanitize_metric_key,
 )
 
@@ -17,6 +18,7 @@ __all__ = [
     "git_sha",
     "is_secret_key",
     "metric_series",
+    "portable_paths",
     "redact",
     "redact_text",
     "redact_value",

@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator, Mapping
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -67,6 +67,29 @@ def flatten(values: Mapping[str, Any] | BaseModel, prefix: str = "", separator: 
         else:
             flat[name] = value
     return flat
+
+
+LOCAL_PATH_PREFIX = "<local>/"
+"""What replaces the folders of an absolute local path outside the project in a logged parameter."""
+
+
+def portable_paths(value: Any, project: str | os.PathLike[str] | None) -> Any:
+    """``value`` with each absolute local path in it (a string, also inside lists and mappings) made relative to
+    ``project`` when inside it (``data/06_models/sft_adapter/<version>/sft_adapter``), else cut to
+    ``<local>/<its name>``: what a run logs then names no folder of the machine that ran it."""
+    if isinstance(value, Mapping):
+        return {key: portable_paths(item, project) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable_paths(item, project) for item in value]
+    if not (isinstance(value, str) and 0 < len(value) < 4096 and "\n" not in value and "://" not in value
+            and PurePath(value).is_absolute()):
+        return value
+    path = PurePath(value)
+    if project is not None:
+        for root in dict.fromkeys((PurePath(project), PurePath(Path(project).resolve()))):
+            if path == root or root in path.parents:
+                return path.relative_to(root).as_posix() or "."
+    return f"{LOCAL_PATH_PREFIX}{path.name}"
 
 
 def sanitize_metric_key(key: str) -> str:

@@ -68,6 +68,10 @@ EXPERIMENT_KIND: Final = "custom_model_development"
 """What MLflow 3's UI reads to open an experiment on the runs (model training) view, not the GenAI one."""
 POLICY_METADATA_KEY: Final = "policy"
 """Where a rollout record keeps the policy that produced it (``prorag.agent.runner.POLICY_METADATA_KEY``)."""
+METHOD_METADATA_KEY: Final = "method"
+"""Where a rollout record keeps its method's settings (``prorag.agent.runner.METHOD_METADATA_KEY``)."""
+WALL_TIME_METADATA_KEY: Final = "runner_wall_ns"
+"""Where a rollout record keeps the wall clock of its method's runner call (``prorag.agent.runner``)."""
 _PIPELINES_PACKAGE: Final = "prorag.pipelines."
 _ROLLOUT_FIELDS: Final = frozenset({"method", "question_key", "segments", "queries", "retrieved_ids", "answer"})
 
@@ -113,6 +117,21 @@ def recorded_policy(record: Mapping[str, Any]) -> dict[str, Any]:
     """The ``model`` and ``adapter`` a rollout record says produced it (empty for a record without one)."""
     recorded = (record.get("metadata") or {}).get(POLICY_METADATA_KEY) or {}
     return {key: recorded[key] for key in ("model", "adapter") if key in recorded}
+
+
+def recorded_method(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of the method a rollout record says produced it (empty for a record without them)."""
+    recorded = (record.get("metadata") or {}).get(METHOD_METADATA_KEY)
+    return dict(recorded) if isinstance(recorded, Mapping) else {}
+
+
+def recorded_wall_time(record: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(start, end)`` in ns of the runner call that made a rollout record (with its method's other rollouts), or
+    None for a record without them."""
+    wall = (record.get("metadata") or {}).get(WALL_TIME_METADATA_KEY)
+    if isinstance(wall, list | tuple) and len(wall) == 2 and all(isinstance(item, int) for item in wall):
+        return int(wall[0]), int(wall[1])
+    return None
 
 
 def rollout_policy(record: Mapping[str, Any], adapter_names: Mapping[str, str]) -> tuple[str, str | None, str | None]:

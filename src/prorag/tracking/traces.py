@@ -3,9 +3,10 @@
 A trace is one rollout record (``Rollout.to_dict``): a root ``AGENT`` span with the question and the answer, and
 in the order of the completion one ``LLM`` span per generated segment (a turn) and one ``RETRIEVER`` span per
 search (its query and the passage ids it returned). Single-shot baselines retrieve before the prompt: their
-searches come first. The rollout records no per-turn clock, so the spans share out the wall time of the node
-that produced the rollouts in proportion to their token counts (attribute ``prorag.timing`` says so); rollouts
-loaded from an earlier run get the logging time, with no duration.
+searches come first. A rollout of the engine records its turns' clock (``turn_clock_ns``): each span is then the
+measured batched generate or search call it took part in. Otherwise (baselines, older records) the spans share
+out the window given (its runner's or node's wall time) in proportion to their token counts; rollouts loaded from
+an earlier run without a clock get the logging time, with no duration. Attribute ``prorag.timing`` says which.
 
 Verdicts of ``reward_judging`` (``step_verdicts`` records) become MLflow *feedback* assessments on the trace:
 ``over_search`` on the search step's retrieval span, ``under_search`` on the trace for a non-search step (value
@@ -27,7 +28,11 @@ from mlflow.tracing.constant import TraceMetadataKey
 from prorag.redaction import redact_text, redact_value
 
 JUDGE_SOURCE: Final = "prorag.reward_judging"
-TIMING_NOTE: Final = "apportioned by token counts within the node's wall time; turns are not clocked"
+TIMING_NOTE: Final = "apportioned by token counts within its runner's or node's wall time; turns are not clocked"
+MEASURED_TIMING_NOTE: Final = ("measured: each span is the batched generate or search call of its turn, shared by "
+                               "the rollouts batched with it")
+TURN_CLOCK_METADATA_KEY: Final = "turn_clock_ns"
+"""Where a rollout record keeps its measured turns (``prorag.agent.engine.TURN_CLOCK_METADATA_KEY``)."""
 _RECORDED_TIMING_NOTE: Final = "not known: rollouts loaded from an earlier run"
 
 
@@ -89,13 +94,32 @@ def _span_plan(record: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return plan
 
 
+def _measured(record: Mapping[str, Any], plan: list[tuple[str, dict[str, Any]]]) -> list[tuple[int, int]] | None:
+    """Each planned span's measured ``(start, end)`` from the record's turn clock, or None when it has none that
+    matches the plan span for span."""
+    clock = (record.get("metadata") or {}).get(TURN_CLOCK_METADATA_KEY)
+    if not isinstance(clock, list) or not plan or len(clock) != len(plan):
+        return None
+    times = []
+    for entry, (kind, _) in zip(clock, plan, strict=True):
+        if not (isinstance(entry, list | tuple) and len(entry) == 3 and entry[0] == kind):
+            return None
+        times.append((int(entry[1]), int(entry[2])))
+    return times
+
+
 def log_rollout_trace(record: Mapping[str, Any], *, experiment_id: str, run_id: str, start_ns: int, end_ns: int,
                       tags: Mapping[str, str] | None = None, measured: bool = True) -> TraceRef:
-    """Log one finished rollout as a trace of run ``run_id`` (see the module docstring) between ``start_ns`` and
-    ``end_ns``; ``measured`` False: the window is not the rollout's (no note of apportioned timing)."""
+    """Log one finished rollout as a trace of run ``run_id`` (see the module docstring): at its measured turns'
+    times when it has them, else between ``start_ns`` and ``end_ns`` (``measured`` False: the window is not the
+    rollout's, no note of apportioned timing)."""
     record = redact_value(dict(record))  # what a trace shows passes the one redaction
     method, question_key, sample_index = rollout_key(record)
     plan = _span_plan(record)
+    times = _measured(record, plan)
+    if times is not None:
+        start_ns, end_ns = min(start for start, _ in times), max(end for _, end in times)
+    timing = MEASURED_TIMING_NOTE if times is not None else TIMING_NOTE if measured else _RECORDED_TIMING_NOTE
     root = mlflow.start_span_no_context(
         method, span_type=SpanType.AGENT, experiment_id=experiment_id, start_time_ns=start_ns,
         inputs={"question": record.get("question"), "question_key": question_key,
@@ -107,7 +131,7 @@ def log_rollout_trace(record: Mapping[str, Any], *, experiment_id: str, run_id: 
             "prorag.retrieval_count": record.get("retrieval_count"),
             "prorag.generated_tokens": record.get("generated_tokens"),
             "prorag.context_tokens": record.get("context_tokens"),
-            "prorag.timing": TIMING_NOTE if measured else _RECORDED_TIMING_NOTE},
+            "prorag.timing": timing},
         tags={"prorag.method": method, "prorag.question_key": question_key,
               "prorag.dataset": str(record.get("dataset")), **(tags or {})},
         metadata={TraceMetadataKey.SOURCE_RUN: run_id})
@@ -116,9 +140,11 @@ def log_rollout_trace(record: Mapping[str, Any], *, experiment_id: str, run_id: 
     total = sum(weights) or 1
     clock, elapsed = start_ns, 0
     turn = 0
-    for (kind, item), weight in zip(plan, weights, strict=True):
+    for position, ((kind, item), weight) in enumerate(zip(plan, weights, strict=True)):
         elapsed += weight
         stop = start_ns + (end_ns - start_ns) * elapsed // total
+        if times is not None:
+            clock, stop = times[position]
         if kind == "generate":
             turn += 1
             span = mlflow.start_span_no_context(
