@@ -252,6 +252,7 @@ class _RefusingDataset(MemoryDataset):
         raise OSError("No space left on device (store http://user:sk-secretvalue123456@store.example/v1)")
 
 
+@pytest.mark.integration  # a fresh store's migrations take ~8 s here
 def test_a_stage_whose_output_fails_to_save_is_failed_with_its_parent(tmp_path: Path, mlflow_uri: str) -> None:
     """Kedro calls ``after_node_run`` before it saves the node's outputs: a save that fails then fails the run,
     and the stage run, which had ended FINISHED, is FAILED too (issue 47's weak point)."""
