@@ -119,7 +119,7 @@ def check_launch_gpus(parameters: Mapping[str, Any], placement: PlacementSpec) -
     launch = LaunchSettings.model_validate(parameters["launch"])
     processes, ids = launch.processes_per_machine, launch.gpu_ids
     if ids is None:
-        servers = placement.claim_gpus(placement.server_gpus())
+        servers = placement.claim_gpus(placement.server_gpus(during_training=True))
         if servers:
             free = [gpu for gpu in range(placement.gpus_per_node) if gpu not in servers]
             raise PlacementError(
@@ -131,7 +131,7 @@ def check_launch_gpus(parameters: Mapping[str, Any], placement: PlacementSpec) -
         raise PlacementError(f"launch.gpu_ids names {len(ids)} GPU(s) for launch.processes_per_machine {processes}: "
                              "one training process per GPU")
     try:
-        placement.claim_gpus([*placement.server_gpus(), ("launch.gpu_ids", list(ids))])
+        placement.claim_gpus([*placement.server_gpus(during_training=True), ("launch.gpu_ids", list(ids))])
     except ValueError as error:
         raise PlacementError(str(error)) from error
 
