@@ -103,4 +103,9 @@ def preflight_command(env: str | None, params: dict[str, Any]) -> None:
         raise SystemExit(1) from error
     for estimate in found.trainers:
         click.echo(f"{estimate.stage}: about {estimate.total:.1f} GiB per training process")
+    from prorag.scale.step_time import describe
+
+    for where, (shape, step) in found.step_times.items():
+        click.echo(f"{where}: {describe(step, shape)}; rollout concurrency sized for the batch: "
+                   f"{where}.generation_batch_size {step.sized}")
     click.echo("preflight passed")

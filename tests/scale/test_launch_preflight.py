@@ -15,11 +15,13 @@ from prorag.scale.preflight import launch_sharding, preflight
 
 from .conftest import gpu_parameters
 
-FREE = [2, 6, 7]  # conf/gpu's GPUs no server holds
+FREE = [2, 6, 7]  # conf/gpu's GPUs no server holds once its RL replicas on 6 and 7 are given back
+ONE_REPLICA = {"rl": {"policy_server": {"base_url": "http://127.0.0.1:8001"}},
+               "placement": {"servers": {"rl_policy_2": None, "rl_policy_3": None}}}
 
 
 def launched(**launch) -> dict:
-    return gpu_parameters({"launch": {"mode": "accelerate", **launch}})
+    return gpu_parameters({**ONE_REPLICA, "launch": {"mode": "accelerate", **launch}})
 
 
 def test_a_launch_leaves_the_run_seeing_every_gpu(eight_gpus):
@@ -55,7 +57,7 @@ def test_the_sharding_is_read_from_the_accelerate_config(config, stage):
 def test_zero3_fits_the_7b_full_parameter_model_one_process_cannot(eight_gpus):
     """18 B per parameter (fp32 states and a bf16 reference, beta > 0) of 7.6B parameters: ~128 GiB on one GPU,
     ~43 GiB on each of 3 ZeRO-3 ranks."""
-    seven_b = {"policy": {"model": "Qwen/Qwen2.5-7B-Instruct"}}
+    seven_b = {**ONE_REPLICA, "policy": {"model": "Qwen/Qwen2.5-7B-Instruct"}}
     with pytest.raises(MemoryPlanError, match=r"rl needs about \d+ GiB on one GPU"):
         preflight(gpu_parameters(seven_b))
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)

@@ -55,17 +55,24 @@ class ModelShape:
     hidden: int
     layers: int
     vocabulary: int
+    kv_width: int = 0
+    """Key-value heads × head size (grouped-query attention); 0: ``hidden`` (one KV head per query head)."""
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """bf16 keys and values of one token over every layer (vLLM's KV cache)."""
+        return 2.0 * self.layers * (self.kv_width or self.hidden) * 2.0
 
 
 MODELS: Final[dict[str, ModelShape]] = {
-    "Qwen/Qwen2.5-0.5B-Instruct": ModelShape(0.494e9, 896, 24, 151_936),
-    "Qwen/Qwen2.5-1.5B-Instruct": ModelShape(1.54e9, 1536, 28, 151_936),
-    "Qwen/Qwen2.5-3B-Instruct": ModelShape(3.09e9, 2048, 36, 151_936),
-    "Qwen/Qwen2.5-7B-Instruct": ModelShape(7.62e9, 3584, 28, 152_064),
-    "Qwen/Qwen2.5-14B-Instruct": ModelShape(14.8e9, 5120, 48, 152_064),
-    "meta-llama/Meta-Llama-3-8B-Instruct": ModelShape(8.03e9, 4096, 32, 128_256),
-    "Qwen/Qwen3-235B-A22B-Instruct-2507": ModelShape(235.1e9, 4096, 94, 151_936),
-    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": ModelShape(235.1e9, 4096, 94, 151_936),
+    "Qwen/Qwen2.5-0.5B-Instruct": ModelShape(0.494e9, 896, 24, 151_936, 2 * 64),
+    "Qwen/Qwen2.5-1.5B-Instruct": ModelShape(1.54e9, 1536, 28, 151_936, 2 * 128),
+    "Qwen/Qwen2.5-3B-Instruct": ModelShape(3.09e9, 2048, 36, 151_936, 2 * 128),
+    "Qwen/Qwen2.5-7B-Instruct": ModelShape(7.62e9, 3584, 28, 152_064, 4 * 128),
+    "Qwen/Qwen2.5-14B-Instruct": ModelShape(14.8e9, 5120, 48, 152_064, 8 * 128),
+    "meta-llama/Meta-Llama-3-8B-Instruct": ModelShape(8.03e9, 4096, 32, 128_256, 8 * 128),
+    "Qwen/Qwen3-235B-A22B-Instruct-2507": ModelShape(235.1e9, 4096, 94, 151_936, 4 * 128),
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": ModelShape(235.1e9, 4096, 94, 151_936, 4 * 128),
 }
 """Sizes from the models' ``config.json`` (parameters as published)."""
 
@@ -86,7 +93,9 @@ def model_shape(model: str) -> ModelShape | None:
     vocabulary = int(data.get("vocab_size", 32_000))
     intermediate = int(data.get("intermediate_size", 4 * hidden))
     per_layer = 4 * hidden * hidden + 3 * hidden * intermediate
-    return ModelShape(float(layers * per_layer + 2 * vocabulary * hidden), hidden, layers, vocabulary)
+    heads = int(data.get("num_attention_heads", 1))
+    kv_width = int(data.get("num_key_value_heads", heads)) * int(data.get("head_dim") or hidden // heads)
+    return ModelShape(float(layers * per_layer + 2 * vocabulary * hidden), hidden, layers, vocabulary, kv_width)
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,12 @@
 the model it serves, ``gpu_memory_utilization``). :func:`check_placement` refuses
 
 * a GPU used by two of them (vLLM takes ``gpu_memory_utilization`` of a GPU for itself; NCCL refuses two ranks
-  on one GPU, so TRL's trainer and its vLLM server cannot share one), a GPU the node does not have;
-* a port used twice (the NCCL weight-transfer port ``nccl_port`` included);
-* a loopback URL in the parameters (``base_url``, ``retrieval_url``, ``policy_server.base_url``…) whose port no
-  server declares, or that asks a declared server for a model it does not serve.
+  on one GPU, so TRL's trainer and its vLLM server cannot share one), a GPU the node does not have; a server the
+  run starts only once training has ended (``after_training``) may take the trainers' GPUs;
+* a port used twice (the NCCL weight-transfer port ``nccl_port`` included, and ``nccl_port + i`` of the i-th
+  replica when ``rl.policy_server.base_url`` lists several servers);
+* a loopback URL in the parameters (``base_url``, ``retrieval_url``, ``policy_server.base_url`` or each URL of its
+  list…) whose port no server declares, or that asks a declared server for a model it does not serve.
 
 :func:`select_trainer_gpu` makes the ``kedro run`` process see exactly ``trainer_gpu`` (``CUDA_VISIBLE_DEVICES``)
 when CUDA is not initialised yet, and otherwise refuses with the instruction.
@@ -46,6 +48,9 @@ class ServerPlacement(StrictModel):
     """vLLM's ``--gpu-memory-utilization``: the share of each of its GPUs it takes (weights + KV cache)."""
     bytes_per_parameter: float = Field(default=2.0, gt=0)
     """2 for bf16 weights, 1 for an FP8 checkpoint."""
+    after_training: bool = False
+    """Started by the run once training has ended (``policy.trained_server.launch``): it may take the trainers'
+    GPUs (``trainer_gpu``, ``launch.gpu_ids``), never another server's."""
 
 
 class PlacementSpec(StrictModel):
@@ -65,9 +70,11 @@ class PlacementSpec(StrictModel):
         """The declared servers (the null entries left out)."""
         return {name: server for name, server in self.servers.items() if server is not None}
 
-    def server_gpus(self) -> list[tuple[str, list[int]]]:
-        """``(servers.<name>.gpus, its GPUs)`` of every declared server."""
-        return [(f"servers.{name}.gpus", server.gpus) for name, server in self.active().items()]
+    def server_gpus(self, *, during_training: bool = False) -> list[tuple[str, list[int]]]:
+        """``(servers.<name>.gpus, its GPUs)`` of every declared server (``during_training``: those up while the
+        trainers run, i.e. not ``after_training``)."""
+        return [(f"servers.{name}.gpus", server.gpus) for name, server in self.active().items()
+                if not (during_training and server.after_training)]
 
     def claim_gpus(self, users: list[tuple[str, list[int]]]) -> dict[int, str]:
         """``{gpu: who}`` for ``(who, gpus)`` users; a ``ValueError`` for a GPU the node lacks or that two use."""
@@ -84,8 +91,9 @@ class PlacementSpec(StrictModel):
 
     @model_validator(mode="after")
     def _no_collision(self) -> PlacementSpec:
-        users = [("trainer_gpu", [self.trainer_gpu] if self.trainer_gpu is not None else [])]
-        self.claim_gpus(users + self.server_gpus())
+        self.claim_gpus(self.server_gpus())
+        self.claim_gpus([("trainer_gpu", [self.trainer_gpu] if self.trainer_gpu is not None else []),
+                         *self.server_gpus(during_training=True)])
         ports: dict[int, str] = {self.nccl_port: "nccl_port"}
         for name, server in self.active().items():
             if server.port in ports:
@@ -98,13 +106,30 @@ def _walk(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
     if isinstance(value, Mapping):
         for key, item in value.items():
             yield from _walk(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        for index, item in enumerate(value):  # several servers of one role (rl.policy_server.base_url)
+            yield f"{path}[{index}]", item
     else:
         yield path, value
 
 
+def _key(path: str) -> str:
+    """The parameter name of ``path``'s last part, without a list index (``base_url[1]`` -> ``base_url``)."""
+    return path.rsplit(".", 1)[-1].split("[", 1)[0]
+
+
+def replica_count(parameters: Mapping[str, Any]) -> int:
+    """The most servers any ``policy_server.base_url`` of ``parameters`` lists (0 for none): TRL's weight transfer
+    takes one NCCL port per server, ``placement.nccl_port`` + its index."""
+    counts = [int(path.rsplit("[", 1)[1].rstrip("]")) + 1 if path.endswith("]") else 1
+              for path, value in _walk(parameters)
+              if path.split("[", 1)[0].endswith("policy_server.base_url") and isinstance(value, str)]
+    return max(counts, default=0)
+
+
 def _sibling(parameters: Mapping[str, Any], path: str, key: str) -> Any:
     value: Any = parameters
-    for part in path.split(".")[:-1]:
+    for part in path.split("[", 1)[0].split(".")[:-1]:
         value = value.get(part) if isinstance(value, Mapping) else None
     return value.get(key) if isinstance(value, Mapping) else None
 
@@ -120,8 +145,13 @@ def check_placement(parameters: Mapping[str, Any]) -> PlacementSpec | None:
     except ValueError as error:
         raise PlacementError(f"placement: {error}") from error
     by_port = {server.port: (name, server) for name, server in placement.active().items()}
+    for index in range(1, replica_count(parameters)):
+        port = placement.nccl_port + index
+        if port in by_port:
+            raise PlacementError(f"placement.nccl_port + {index} = {port} (the weight transfer to the policy server "
+                                 f"replica {index}) is servers.{by_port[port][0]}'s port: move nccl_port")
     for path, value in _walk(parameters):
-        if path.startswith("placement.") or not isinstance(value, str) or path.rsplit(".", 1)[-1] not in URL_KEYS:
+        if path.startswith("placement.") or not isinstance(value, str) or _key(path) not in URL_KEYS:
             continue
         url = urlparse(value)
         if url.hostname not in LOOPBACK:

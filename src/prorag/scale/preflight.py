@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from prorag.scale.memory import UNSHARDED, Estimate, Sharding, TrainerLoad, check_servers, check_trainers
+from prorag.scale.memory import (
+    UNSHARDED,
+    Estimate,
+    Sharding,
+    TrainerLoad,
+    check_servers,
+    check_trainers,
+    model_shape,
+)
 from prorag.scale.placement import PlacementError, PlacementSpec, check_placement, select_trainer_gpu
+from prorag.scale.step_time import RolloutShape, StepTime, describe, estimate_step
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +100,71 @@ def _stage_loads(blocks: Mapping[str, Any], agent: Mapping[str, Any], model: str
 
 @dataclass(frozen=True)
 class Preflight:
-    """What the checks found: the placement, each training stage's estimate, each server's weights per GPU."""
+    """What the checks found: the placement, each training stage's estimate, each server's weights per GPU, and
+    each GPU GRPO stage's step time (by its parameter block: ``rl``, ``methods.<name>.stages.rl``)."""
 
     placement: PlacementSpec | None
     trainers: list[Estimate]
     servers: dict[str, float]
+    step_times: dict[str, tuple[RolloutShape, StepTime]] = field(default_factory=dict)
+
+
+def _judges(reward: Mapping[str, Any], step_budget: int) -> tuple[tuple[str, float, int, int], ...]:
+    """The ``llm`` judges a reward calls with their calls per rollout (HiPRAG: one per step, half to each of its
+    over- and under-search judges; any other reward: its ``answer_judge``, once), ``requests_per_minute`` and
+    ``max_concurrency``."""
+    hiprag = reward.get("kind") == "hiprag"
+    used = ("over_search_judge", "under_search_judge") if hiprag else ("answer_judge",)
+    judges = {name: reward[name] for name in used
+              if isinstance(reward.get(name), Mapping) and reward[name].get("kind") == "llm"}
+    per_rollout = step_budget / 2 if hiprag else 1.0
+    return tuple((str(judge.get("model", name)), per_rollout, int(judge.get("requests_per_minute") or 10**9),
+                  int(judge.get("max_concurrency") or 16)) for name, judge in judges.items())
+
+
+def grpo_step_times(parameters: Mapping[str, Any], placement: PlacementSpec,
+                    sharding: Sharding | None) -> dict[str, tuple[RolloutShape, StepTime]]:
+    """The step time of every GRPO stage that trains on a GPU and rolls out through policy servers
+    (:mod:`prorag.scale.step_time`), by its parameter block."""
+    blocks = [("rl", parameters.get("rl"), parameters.get("agent"), parameters.get("reward"))]
+    for name, method in (_get(parameters, "methods", {}) or {}).items():
+        if isinstance(method, Mapping):
+            blocks.append((f"methods.{name}.stages.rl", _get(method, "stages.rl"), method.get("agent"),
+                           method.get("reward")))
+    shape = model_shape(str(_get(parameters, "policy.model", "")))
+    found: dict[str, tuple[RolloutShape, StepTime]] = {}
+    for where, rl, agent, reward in blocks:
+        trainer = _get(rl, "trainer", {}) or {}
+        urls = _get(rl, "policy_server.base_url")
+        if shape is None or trainer.get("use_cpu") is not False or not urls:
+            continue
+        urls = [urls] if isinstance(urls, str) else list(urls)
+        ports = {server.port: server for server in placement.active().values()}
+        first = ports.get(int(urls[0].rstrip("/").rsplit(":", 1)[-1])) if urls[0].count(":") == 2 else None
+        utilization = first.gpu_memory_utilization if first is not None else 0.9
+        agent = agent or {}
+        ranks = (sharding or UNSHARDED).ranks
+        step_budget = int(agent.get("step_budget", 4))
+        rollout = RolloutShape(
+            parameters=shape.parameters, kv_bytes_per_token=shape.kv_bytes_per_token,
+            completions=int(trainer.get("per_device_train_batch_size", 4))
+            * int(trainer.get("gradient_accumulation_steps", 1)) * ranks,
+            replicas=len(urls), ranks=ranks, concurrency_per_rank=int(rl.get("generation_batch_size", 8)),
+            step_budget=step_budget, top_k=int(_get(rl, "retriever.top_k", 3)),
+            max_new_tokens_per_turn=int(agent.get("max_new_tokens_per_turn", 256)),
+            max_total_new_tokens=int(agent.get("max_total_new_tokens", 1024)), prompt_tokens=PROMPT_TOKENS,
+            passage_tokens=PASSAGE_TOKENS, server_memory_gib=placement.gpu_memory_gib * utilization,
+            judges=_judges(reward or {}, step_budget))
+        step = estimate_step(rollout)
+        if any((rollout, step) == seen for seen in found.values()):
+            continue  # a method's stage identical to the shared one
+        found[where] = (rollout, step)
+        logger.info("%s: %s", where, describe(step, rollout, steps=trainer.get("max_steps")))
+        if rollout.concurrency_per_rank < step.sized:
+            logger.warning("%s.generation_batch_size is %d: each rank keeps that many requests in flight per "
+                           "replica, so a replica decodes %d sequences at once; %d would fill its KV cache (%d)",
+                           where, rollout.concurrency_per_rank, step.concurrency, step.sized, step.kv_sequences)
+    return found
 
 
 def launch_sharding(parameters: Mapping[str, Any]) -> Sharding | None:
@@ -119,7 +188,7 @@ def check_launch_gpus(parameters: Mapping[str, Any], placement: PlacementSpec) -
     launch = LaunchSettings.model_validate(parameters["launch"])
     processes, ids = launch.processes_per_machine, launch.gpu_ids
     if ids is None:
-        servers = placement.claim_gpus(placement.server_gpus())
+        servers = placement.claim_gpus(placement.server_gpus(during_training=True))
         if servers:
             free = [gpu for gpu in range(placement.gpus_per_node) if gpu not in servers]
             raise PlacementError(
@@ -131,7 +200,7 @@ def check_launch_gpus(parameters: Mapping[str, Any], placement: PlacementSpec) -
         raise PlacementError(f"launch.gpu_ids names {len(ids)} GPU(s) for launch.processes_per_machine {processes}: "
                              "one training process per GPU")
     try:
-        placement.claim_gpus([*placement.server_gpus(), ("launch.gpu_ids", list(ids))])
+        placement.claim_gpus([*placement.server_gpus(during_training=True), ("launch.gpu_ids", list(ids))])
     except ValueError as error:
         raise PlacementError(str(error)) from error
 
@@ -158,4 +227,4 @@ def preflight(parameters: Mapping[str, Any]) -> Preflight:
     where = f"GPU {placement.trainer_gpu}" if sharding is None else f"each of {sharding.ranks} ranks"
     for found in trainers:
         logger.info("memory plan: %s about %.0f GiB on %s", found.stage, found.total, where)
-    return Preflight(placement, trainers, servers)
+    return Preflight(placement, trainers, servers, grpo_step_times(parameters, placement, sharding))

@@ -20,18 +20,22 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from prorag.agent.runner import build_engine
 from prorag.judges.limits import process_cost, usage_metrics
+from prorag.llm.generation import request_seeds
 from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
+from prorag.llm.replicas import ReplicatedGenerator, check_serving, shares
 from prorag.rewards.diagnostics import process_shaped_groups
 from prorag.specs import AgentSpec, SamplingSpec
 from prorag.training.checkpoints import COMPLETED_MARKER
 from prorag.training.dapo import refill_uniform_groups
 
 if TYPE_CHECKING:
+    from prorag.agent.engine import RolloutEngine
     from prorag.agent.trajectory import Rollout
     from prorag.data.records import Question
     from prorag.llm.generation import Generator
@@ -52,22 +56,29 @@ STAT_PREFIX: Final = "agent/"
 
 @dataclass(frozen=True)
 class PolicyServer:
-    """A vLLM server (``trl vllm-serve``) serving the policy being trained.
+    """The vLLM server(s) (``vllm serve`` as ``trl vllm-serve`` runs it) serving the policy being trained.
 
-    ``base_url`` is the server root (``http://host:8000``): TRL syncs weights through it and the rollouts use
-    its OpenAI-compatible ``/v1`` API; ``model`` is the name the server serves the policy under. The rollouts
-    send the key held by the environment variable named ``api_key_env`` (``None``: a keyless server, as
-    ``trl vllm-serve`` is); a named variable that is unset fails here, before any request, and no other
-    variable (``$OPENAI_API_KEY``) is ever sent.
+    ``base_url`` is a server root (``http://host:8000``) or a list of them: data-parallel replicas, one per GPU,
+    each serving the whole policy. TRL syncs the weights into every one (:mod:`prorag.training.trl_private`) and the
+    rollouts spread each batch's groups over them through their OpenAI-compatible ``/v1`` APIs (a group stays on one
+    server: :meth:`AgentRollouts.roll_out`); ``model`` is the name every server serves the policy under. The
+    rollouts send the key held by the environment variable named ``api_key_env`` (``None``: keyless servers, as
+    ``trl vllm-serve`` is); a named variable that is unset fails here, before any request, and no other variable
+    (``$OPENAI_API_KEY``) is ever sent.
     """
 
-    base_url: str
+    base_url: str | Sequence[str]
     model: str
     timeout: float = 300.0
     max_retries: int = 2
     api_key_env: str | None = None
 
     def __post_init__(self) -> None:
+        roots = self.roots
+        if not roots:
+            raise ValueError("a policy server needs at least one base_url")
+        if len(set(roots)) != len(roots):
+            raise ValueError(f"a policy server base_url is listed twice: {roots}")
         self.api_key()  # an unset named variable is an error now, not at the first rollout
 
     def api_key(self) -> str:
@@ -75,12 +86,23 @@ class PolicyServer:
         return api_key_from_env(self.api_key_env, endpoint=f"the policy server at {self.root}", base_url=self.root)
 
     @property
+    def roots(self) -> tuple[str, ...]:
+        """Every server's root, in the order given."""
+        urls = [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+        return tuple(url.rstrip("/") for url in urls)
+
+    @property
     def root(self) -> str:
-        return self.base_url.rstrip("/")
+        """The first server's root (TRL's own ``vllm_server_base_url``)."""
+        return self.roots[0]
+
+    @property
+    def openai_urls(self) -> tuple[str, ...]:
+        return tuple(root + "/v1" for root in self.roots)
 
     @property
     def openai_url(self) -> str:
-        return self.root + "/v1"
+        return self.openai_urls[0]
 
 
 @dataclass
@@ -181,15 +203,17 @@ class AgentRollouts:
         questions = [self.question(prompt) for prompt in prompts]
         seed = self.seed_for(step, rank)
         spent_before = process_cost()
-        engine = build_engine(self.agent, generator, self.retriever, top_k=self.top_k, logprobs=True,
-                              sampling=self.sampling.model_copy(update={"seed": seed}), progress=False)
-        rollouts = engine.run(questions)
+
+        def run(batch: list[Question]) -> list[Rollout]:
+            return self._run_groups(batch, generator, seed=seed, group_size=group_size, offset=rank)
+
+        rollouts = run(questions)
         scored = self.scorer.score(rollouts, generator, step=step)
         self.last_refill = {}
         if self.refill_rounds:
             refill = refill_uniform_groups(
                 questions, rollouts, scored, pool=list(self._questions.values()), size=group_size,
-                rounds=self.refill_rounds, seed=seed, roll_out=engine.run,
+                rounds=self.refill_rounds, seed=seed, roll_out=run,
                 score=lambda batch: self.scorer.score(batch, generator, step=step))
             rollouts, scored, self.last_refill = refill.rollouts, refill.scored, refill.metrics
         shaped = process_shaped_groups(scored, self.scorer.reward, group_size, scale_rewards)
@@ -197,16 +221,45 @@ class AgentRollouts:
         return RolloutBatch(rollouts, scored, {**scored.stats, **({"process_shaped": shaped} if shaped else {})},
                             dict(self.last_refill), usage_metrics(), process_cost() - spent_before)
 
+    def _run_groups(self, questions: list[Question], generator: Generator, *, seed: int, group_size: int,
+                    offset: int) -> list[Rollout]:
+        """Roll ``questions`` out; on a :class:`~prorag.llm.replicas.ReplicatedGenerator` each replica takes a
+        contiguous share of the whole groups (``group_size`` consecutive copies of a question), with its own
+        engine, concurrently, so a group and each trajectory's turns stay on one server (its prefix cache). Share
+        ``i`` samples with ``request_seeds(seed, replicas)[i]``; ``offset`` (the rank) picks which replicas take
+        the remainder groups."""
+        replicas = generator.replicas if isinstance(generator, ReplicatedGenerator) else (generator,)
+        if len(replicas) == 1 or len(questions) % group_size:
+            return self._engine(generator, seed).run(questions)
+        parts = shares(len(questions) // group_size, len(replicas), offset=offset)
+        seeds = request_seeds(seed, len(replicas))
+        jobs = [(replica, questions[part.start * group_size:part.stop * group_size], share_seed)
+                for replica, part, share_seed in zip(replicas, parts, seeds, strict=True) if part]
+        with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="prorag-rollout-share") as pool:
+            futures = [pool.submit(self._engine(replica, share_seed).run, batch)
+                       for replica, batch, share_seed in jobs]
+            return [rollout for future in futures for rollout in future.result()]
+
+    def _engine(self, generator: Generator, seed: int) -> RolloutEngine:
+        return build_engine(self.agent, generator, self.retriever, top_k=self.top_k, logprobs=True,
+                            sampling=self.sampling.model_copy(update={"seed": seed}), progress=False)
+
     @contextlib.contextmanager
     def server_generator(self, tokenizer: Any) -> Iterator[Generator]:
-        """The policy server (:attr:`policy_server`, which the backend keeps in sync) as a generator."""
+        """The policy server(s) (:attr:`policy_server`, which the backend keeps in sync) as a generator: one
+        server's, or a :class:`~prorag.llm.replicas.ReplicatedGenerator` over several. Every server must answer
+        and serve the policy's name first (a down one is named)."""
         server = self.policy_server
         if server is None:
             raise ValueError("no policy server: the rollouts run on the trainer's policy in-process")
-        with OpenAICompatibleGenerator(server.openai_url, server.model, server.api_key(), mode="completions",
-                                       max_concurrency=self.batch_size, timeout=server.timeout,
-                                       max_retries=server.max_retries, tokenizer=tokenizer,
-                                       return_token_ids=True) as generator:
+        key = server.api_key()
+        for url in server.roots:
+            check_serving(url, server.model, api_key=key)
+        generators = [OpenAICompatibleGenerator(url, server.model, key, mode="completions",
+                                                max_concurrency=self.batch_size, timeout=server.timeout,
+                                                max_retries=server.max_retries, tokenizer=tokenizer,
+                                                return_token_ids=True) for url in server.openai_urls]
+        with generators[0] if len(generators) == 1 else ReplicatedGenerator(generators) as generator:
             yield generator
 
     def question(self, prompt: Any) -> Question:

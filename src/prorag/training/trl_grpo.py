@@ -10,6 +10,8 @@ trainer backend (:data:`TRL_BACKEND`, :mod:`prorag.training.backends`; the defau
   With a :class:`~prorag.training.grpo.PolicyServer` the same rollouts and re-asks go through an OpenAI-compatible
   server instead (``trl vllm-serve``): :func:`build_grpo_trainer` then turns on TRL's vLLM server mode, which pushes
   the current weights (LoRA merged) to that server before every generation batch, so it serves the current policy.
+  Several servers (data-parallel replicas, ``rl.policy_server.base_url`` a list) each get the weights
+  (:class:`~prorag.training.trl_private.ReplicaWeightSync`) and a share of each batch's groups.
 * :class:`ComponentReward` hands one component to TRL, which sums the components (each already weighted) and
   logs each one's mean and std.
 * :class:`AgentGRPOTrainer` adds the agent statistics (format rate, CEM, OSR, USR, search ratio, retrievals,
@@ -57,7 +59,7 @@ from prorag.training.grpo import (
     PolicyServer,
     unique_questions,
 )
-from prorag.training.trl_private import GRPOTrainerHooks
+from prorag.training.trl_private import GRPOTrainerHooks, sync_every_replica
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
@@ -212,6 +214,9 @@ class AgentGRPOTrainer(GRPOTrainerHooks):
     def __init__(self, *args: Any, drop_uniform_groups: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.drop_uniform_groups = drop_uniform_groups
+        server = getattr(self.rollout_func, "policy_server", None)
+        if server is not None and self.use_vllm:
+            sync_every_replica(self, server.roots)  # TRL's server mode syncs only its vllm_server_base_url
 
     def record_rollout_stats(self, stats: dict[str, Ratio]) -> None:
         """Add ``(numerator, denominator)`` statistics, summed over processes, to the next logged metrics."""

@@ -5,7 +5,10 @@ TRL has no public hook for these, so the GRPO trainer reaches into ``GRPOTrainer
 * ``_generate_and_score_completions`` — wrapped to post-process a scored batch (DAPO's dynamic sampling, which
   TRL 1.16 lacks); the batch keys it edits (``advantages``, ``completion_mask``, ``tool_mask``,
   ``num_items_in_batch``) are that method's output in 1.16;
-* ``_metrics[mode][name]`` — TRL's per-step metric buffer, which its ``log`` averages and reports.
+* ``_metrics[mode][name]`` — TRL's per-step metric buffer, which its ``log`` averages and reports;
+* ``vllm_generation`` (``trl.generation.vllm_generation.VLLMGeneration``) and its ``vllm_client`` — TRL's server
+  mode talks to one vLLM server; :class:`ReplicaWeightSync` keeps several in sync (data-parallel replicas) by
+  running TRL's own ``sync_weights`` once per server with that server's client swapped in.
 
 A TRL upgrade re-checks this module (and tests/training/test_grpo.py) first; a different installed version logs a
 warning at import.
@@ -14,6 +17,7 @@ warning at import.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, Final
 
 import trl
@@ -42,3 +46,55 @@ class GRPOTrainerHooks(GRPOTrainer):
     def log_metric(self, name: str, value: float, *, mode: str | None = None) -> None:
         """Add ``value`` to the metrics TRL averages and logs at the next logging step."""
         self._metrics[mode or ("train" if self.model.training else "eval")][name].append(value)
+
+
+class ReplicaWeightSync:
+    """TRL's ``VLLMGeneration`` (server mode) pushing the weights to every replica, not only the first.
+
+    ``generation`` was built by ``GRPOTrainer`` for the first server (``vllm_server_base_url``) and holds, on the
+    main process, that server's client and NCCL group. ``clients`` are every server's clients on the main process
+    (the first one ``generation.vllm_client``), none elsewhere. :meth:`sync_weights` runs TRL's ``sync_weights``
+    once per replica with that replica's client swapped in: every rank walks the parameters each time (under ZeRO-3
+    they are gathered, a collective), the main process streams them to that replica and resets its prefix cache.
+    Anything else is TRL's ``VLLMGeneration``'s."""
+
+    def __init__(self, generation: Any, replicas: int, clients: Sequence[Any] = ()) -> None:
+        if clients and len(clients) != replicas:
+            raise ValueError(f"{len(clients)} vLLM clients for {replicas} replicas")
+        self._generation = generation
+        self.replicas = replicas
+        self.clients = list(clients)
+
+    def sync_weights(self) -> None:
+        """Push the current weights to every replica (class docstring)."""
+        first = getattr(self._generation, "vllm_client", None)
+        try:
+            for index in range(self.replicas):
+                if self.clients:
+                    self._generation.vllm_client = self.clients[index]
+                self._generation.sync_weights()
+        finally:
+            if first is not None:
+                self._generation.vllm_client = first
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._generation, name)
+
+
+def sync_every_replica(trainer: GRPOTrainer, roots: Sequence[str]) -> None:
+    """Make ``trainer`` (TRL's server mode, built for ``roots[0]``) keep every server of ``roots`` in sync: the main
+    process opens a ``VLLMClient`` and an NCCL group on ``vllm_group_port + i`` for each further server ``i``."""
+    if len(roots) < 2:
+        return
+    generation, args = trainer.vllm_generation, trainer.args
+    clients: list[Any] = []
+    if trainer.accelerator.is_main_process:
+        from trl.generation.vllm_client import VLLMClient
+
+        clients = [generation.vllm_client]
+        for index, root in enumerate(roots[1:], start=1):
+            client = VLLMClient(base_url=root, group_port=args.vllm_group_port + index,
+                                connection_timeout=args.vllm_server_timeout)
+            client.init_communicator(device=trainer.accelerator.device)
+            clients.append(client)
+    trainer.vllm_generation = ReplicaWeightSync(generation, len(roots), clients)

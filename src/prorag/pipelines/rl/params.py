@@ -7,9 +7,9 @@ blocks, so what RL optimizes is what evaluation measures.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from prorag.config import StrictModel
 from prorag.data.selection import QuestionPart
@@ -30,13 +30,26 @@ class RLQuestions(StrictModel):
     (:func:`prorag.data.selection.question_parts`)."""
 
 
-class RLPolicyServer(StrictModel):
-    """A ``trl vllm-serve`` server for the rollouts; TRL syncs the trained weights into it before each batch."""
+ServerRoot = Annotated[str, Field(pattern=r"^https?://")]
 
-    base_url: str = Field(pattern=r"^https?://")
-    """The server root, e.g. ``http://127.0.0.1:8001`` (not the ``/v1`` API path)."""
+
+class RLPolicyServer(StrictModel):
+    """The vLLM server(s) (what ``trl vllm-serve`` runs) for the rollouts; TRL syncs the trained weights into each
+    before every generation batch."""
+
+    base_url: ServerRoot | list[ServerRoot]
+    """A server root, e.g. ``http://127.0.0.1:8001`` (not the ``/v1`` API path), or a list of them: data-parallel
+    replicas of the policy, one per GPU; each batch's groups are spread over them (a group stays on one server) and
+    the weights are pushed to each (its NCCL group on ``placement.nccl_port`` + its index)."""
     model: str = Field(min_length=1)
-    """The name the server serves the policy under (the ``--model`` it was started with)."""
+    """The name every server serves the policy under (the ``--model`` it was started with)."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _distinct(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and (not value or len({url.rstrip("/") for url in value}) != len(value)):
+            raise ValueError(f"base_url lists no server or one server twice: {value}")
+        return value
     timeout: float = Field(default=300.0, gt=0)
     api_key_env: str | None = None
     """The NAME of the environment variable holding the server's key; null: a keyless server (trl vllm-serve)."""
