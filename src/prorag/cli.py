@@ -10,6 +10,7 @@ before.
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 from typing import Any
 
@@ -23,22 +24,55 @@ from prorag.redaction import redact_text
 TRACEBACK_HINT = f"(the traceback: add --traceback or set {TRACEBACK_ENV}=1)"
 CATALOG_LOGGER = "kedro.io.data_catalog"
 """Kedro's catalog logger: a "Loading data from … / Saving data to …" INFO line per dataset and node."""
+STARTUP_LOGGER = "kedro.framework.project"
+"""Kedro's start-up logger: "Using 'conf/logging.yml' as logging configuration …" (conf/logging.yml buffers it)."""
+CHATTER_LOGGERS = frozenset({CATALOG_LOGGER, STARTUP_LOGGER, "kedro.framework.session.session"})
+"""Loggers whose INFO lines stay off the terminal: the catalog's, the start-up line, "Kedro project prorag"."""
+RUNNER_CHATTER = ("Using synchronous mode", "Asynchronous mode is enabled")
+"""The runner's start-up INFO lines (its per-node lines stay)."""
 
 
-class CatalogChatterFilter(logging.Filter):
-    """Drops the catalog's INFO lines (half of a run's records): the terminal keeps a line per node, info.log all."""
+class ChatterFilter(logging.Filter):
+    """Drops Kedro's chatter below WARNING (the catalog's load/save lines, half of a run's records, and the start-up
+    lines): the terminal keeps a line per node, info.log everything."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.name == CATALOG_LOGGER and record.levelno < logging.WARNING)
+        if record.levelno >= logging.WARNING:
+            return True
+        if record.name in CHATTER_LOGGERS:
+            return False
+        return not (record.name.startswith("kedro.runner.") and record.getMessage().startswith(RUNNER_CHATTER))
+
+
+def _terminal_handlers() -> list[logging.Handler]:
+    return [handler for handler in logging.getLogger().handlers if not isinstance(handler, logging.FileHandler)]
 
 
 def quiet_terminal() -> None:
-    """Keep the catalog's load/save lines off the terminal handlers of the root logger (``conf/logging.yml``'s
-    ``rich``); file handlers (``info.log``) keep every record."""
-    for handler in logging.getLogger().handlers:
-        if not isinstance(handler, logging.FileHandler) and not any(
-                isinstance(existing, CatalogChatterFilter) for existing in handler.filters):
-            handler.addFilter(CatalogChatterFilter())
+    """Keep Kedro's chatter off the terminal handlers of the root logger (``conf/logging.yml``'s ``rich``); file
+    handlers (``info.log``) keep every record."""
+    for handler in _terminal_handlers():
+        if not any(isinstance(existing, ChatterFilter) for existing in handler.filters):
+            handler.addFilter(ChatterFilter())
+
+
+def release_startup_lines(verbose: bool) -> None:
+    """Kedro's start-up line, logged before any project code runs, waits in ``conf/logging.yml``'s
+    ``startup_buffer`` (and is in info.log): printed on the terminal handlers with ``--verbose``, dropped otherwise.
+    The start-up logger then goes through the root handlers like any other."""
+    logger = logging.getLogger(STARTUP_LOGGER)
+    buffers = [handler for handler in logger.handlers if isinstance(handler, logging.handlers.MemoryHandler)]
+    if not buffers:  # a logging configuration without the buffer, or already released
+        return
+    records = [record for handler in buffers for record in handler.buffer]
+    for handler in list(logger.handlers):  # the buffer, and info.log (the root logger has it too)
+        logger.removeHandler(handler)
+    logger.propagate = True
+    if verbose:
+        for record in records:
+            for handler in _terminal_handlers():
+                if record.levelno >= handler.level:
+                    handler.handle(record)
 
 
 def _traceback_wanted(flag: bool) -> bool:
@@ -47,8 +81,9 @@ def _traceback_wanted(flag: bool) -> bool:
 
 @click.pass_context
 def _run(ctx: click.Context, traceback: bool, verbose: bool, **kwargs: Any) -> Any:
-    """Kedro's ``run``; expected errors become one line and a hint (``--traceback``: the traceback too); the
-    catalog's load/save lines stay in info.log unless ``--verbose``."""
+    """Kedro's ``run``; expected errors become one line and a hint (``--traceback``: the traceback too); Kedro's
+    start-up lines and the catalog's load/save lines stay in info.log unless ``--verbose``."""
+    release_startup_lines(verbose)
     if not verbose:
         quiet_terminal()
     try:
@@ -69,7 +104,7 @@ run = click.Command(
             click.Option(["--traceback"], is_flag=True, default=False,
                          help=f"Show the traceback of an expected error (also {TRACEBACK_ENV}=1)."),
             click.Option(["--verbose"], is_flag=True, default=False,
-                         help="Also print Kedro's per-dataset load/save lines (always in info.log).")],
+                         help="Also print Kedro's start-up and per-dataset load/save lines (always in info.log).")],
     help=kedro_run.help,
     short_help=kedro_run.short_help,
 )

@@ -3,7 +3,14 @@ import random
 import pytest
 import torch
 
-from prorag.llm.generation import Completion, Generator, SamplingParams, cut_at_stop, generate_chat
+from prorag.llm.generation import (
+    Completion,
+    GenerationCancelled,
+    Generator,
+    SamplingParams,
+    cut_at_stop,
+    generate_chat,
+)
 from prorag.llm.registry import BUNDLED_SMOLLM2
 from prorag.llm.transformers_backend import TransformersGenerator, _StopStrings
 
@@ -115,6 +122,21 @@ def test_seeded_samples_are_reproducible_and_distinct(tiny_generator):
         assert len({tuple(c.token_ids) for c in samples}) == 3
     other = tiny_generator.generate(PROMPTS[:2], SamplingParams(max_new_tokens=6, temperature=1.0, n=3, seed=8))
     assert [c.token_ids for c in other[0]] != [c.token_ids for c in first[0]]
+
+
+def test_a_cancelled_call_stops_at_the_next_decoded_token(tiny_generator):
+    checks = []
+
+    def cancelled() -> bool:  # one check before the batch, then one per decoded token: gone after the 4th
+        checks.append(1)
+        return len(checks) > 4
+
+    params = SamplingParams(max_new_tokens=500, temperature=1.0, n=4)
+    with pytest.raises(GenerationCancelled, match="cancelled after 4 decoded tokens"):
+        tiny_generator.generate(["hello", "there"], params, cancelled=cancelled)
+    assert len(checks) == 5  # decoding stopped at the first check that said so
+    never = tiny_generator.generate(["hello"], SamplingParams(max_new_tokens=5), cancelled=lambda: False)
+    assert len(never[0][0].token_ids) == 5  # the generator is usable after a cancelled call
 
 
 def test_greedy_n_returns_independent_copies(tiny_generator):

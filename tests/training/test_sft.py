@@ -203,3 +203,19 @@ def test_the_trained_model_is_freed_when_train_sft_lora_returns(one_torch_thread
         assert len(refs) == 2 and [ref() for ref in refs] == [None, None]
     finally:
         gc.enable()
+
+
+@pytest.mark.integration
+def test_a_training_call_prints_no_upstream_deprecation_warning(one_torch_thread, tokenizer, musique, tmp_path):
+    """transformers' `is_gradient_checkpointing` FutureWarning, read by PEFT when the trainer wraps the model, is
+    filtered around that call (issue 46, item 5)."""
+    import warnings
+
+    trajectory = synthesize_musique(musique[0], None, rng=random.Random(0), protocol="hiprag")
+    example = build_sft_example(tokenizer, trajectory.question, trajectory.completion, protocol="hiprag",
+                                few_shot=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_sft_lora(BUNDLED_TINY_LLAMA, [example], tmp_path / "sft",
+                       SFTSettings(lora_r=4, lora_alpha=8, max_steps=1, per_device_train_batch_size=1))
+    assert not [str(item.message) for item in caught if "is_gradient_checkpointing" in str(item.message)]

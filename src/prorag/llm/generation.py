@@ -47,6 +47,10 @@ class GenerationTimeoutError(GenerationError, TimeoutError):
     """A request did not complete within its timeout, retries included."""
 
 
+class GenerationCancelled(GenerationError):
+    """A generate call stopped early because its ``cancelled`` check said no one waits for the result."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample: ``temperature=0`` is greedy decoding; ``seed`` makes sampling reproducible.

@@ -40,7 +40,7 @@ import dataclasses
 import itertools
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,7 +55,14 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from prorag.llm.generation import ChatMessage, Completion, Prompt, SamplingParams, render_chat
+from prorag.llm.generation import (
+    ChatMessage,
+    Completion,
+    GenerationCancelled,
+    Prompt,
+    SamplingParams,
+    render_chat,
+)
 from prorag.llm.prefix_cache import PROCESS_GENERATION_STATS, GenerationStats, LayerKV, PrefixKVCache
 from prorag.llm.registry import load_causal_lm
 
@@ -146,6 +153,18 @@ class _ChosenLogprobs(LogitsProcessor):
         return torch.stack(self.steps, dim=1)[:, :generated].cpu()
 
 
+class _Cancelled(StoppingCriteria):
+    """Finishes every row as soon as ``cancelled()`` is true (checked once per decoded token)."""
+
+    def __init__(self, cancelled: Callable[[], bool]) -> None:
+        self.cancelled = cancelled
+        self.fired = False
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        self.fired = self.fired or self.cancelled()
+        return torch.full((input_ids.shape[0],), self.fired, dtype=torch.bool, device=input_ids.device)
+
+
 class TransformersGenerator:
     """Generate with an in-process transformers causal LM (see the module docstring for the semantics).
 
@@ -215,8 +234,13 @@ class TransformersGenerator:
             raise ValueError("empty prompt: it has no tokens")
         return ids
 
-    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[list[Completion]]:
-        """Generate ``params.n`` completions per prompt, batched by length; results in prompt order."""
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams, *,
+                 cancelled: Callable[[], bool] | None = None) -> list[list[Completion]]:
+        """Generate ``params.n`` completions per prompt, batched by length; results in prompt order.
+
+        ``cancelled`` (a server's "has every client of this call left?") is checked before each batch of rows and
+        after every decoded token: once it is true, decoding stops and :class:`GenerationCancelled` is raised.
+        """
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of prompts, not a single string")
         encoded = [self.encode(prompt) for prompt in prompts]
@@ -234,7 +258,9 @@ class TransformersGenerator:
                 self._prefill_shared([encoded[index] for index, _ in rows])
             for start in range(0, len(rows), self.batch_size):
                 chunk = rows[start : start + self.batch_size]
-                outputs = self._generate_batch([encoded[index] for index, _ in chunk], params)
+                if cancelled is not None and cancelled():
+                    raise GenerationCancelled(f"cancelled after {start} of {len(rows)} rows")
+                outputs = self._generate_batch([encoded[index] for index, _ in chunk], params, cancelled)
                 for (index, sample), completion in zip(chunk, outputs, strict=True):
                     results[index][sample] = completion
         final: list[list[Completion]] = []
@@ -378,13 +404,15 @@ class TransformersGenerator:
                 cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
         return _Batch(input_ids, attention, cache, cached, cached_width, [len(ids) for ids in prompts])
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
+                        cancelled: Callable[[], bool] | None = None) -> list[Completion]:
         batch = self._layout(prompts, params.max_new_tokens)
         width = batch.input_ids.shape[1]
         device = self.model.device
         stopper = (_StopStrings(self._tokenizer, params.stop, width, len(prompts),
                                 self.eos_token_ids | {self.pad_token_id}, *self._stop_filters(params.stop))
                    if params.stop else None)
+        canceller = _Cancelled(cancelled) if cancelled is not None else None
         recorder = _ChosenLogprobs(params.temperature) if params.logprobs else None
         output = self.model.generate(
             input_ids=batch.input_ids.to(device),
@@ -392,9 +420,11 @@ class TransformersGenerator:
             past_key_values=batch.cache,
             generation_config=self._generation_config(params),
             logits_processor=LogitsProcessorList([recorder] if recorder else []),
-            stopping_criteria=StoppingCriteriaList([stopper] if stopper else []),
+            stopping_criteria=StoppingCriteriaList([item for item in (stopper, canceller) if item is not None]),
             synced_gpus=self.synced_gpus,
         )
+        if canceller is not None and canceller.fired:
+            raise GenerationCancelled(f"cancelled after {output.sequences.shape[1] - width} decoded tokens")
         sequences = output.sequences
         generated = sequences[:, width:].cpu()
         logprobs = recorder.finish(sequences, generated.shape[1]) if recorder else None

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-n", type=int, default=16, help="most completions per request (default: %(default)s)")
     parser.add_argument("--max-request-sequences", type=int, default=256,
                         help="most prompts x n per request (default: %(default)s, vLLM's max_num_seqs)")
+    parser.add_argument("--max-share-tokens", type=int, default=None,
+                        help="most tokens decoded per sequence in one generate call before other requests get a "
+                             "turn, e.g. 64 (default: no bound)")
     parser.add_argument("--max-body-bytes", type=int, default=8 << 20,
                         help="largest request body (default: %(default)s)")
     parser.add_argument("--body-timeout-s", type=float, default=30.0,
@@ -128,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(generator, served_name, args.max_batch_size, args.batch_wait_ms,
                      api_key=api_key, max_tokens_limit=args.max_tokens_limit,
                      default_max_tokens=args.default_max_tokens, max_n=args.max_n,
-                     max_request_sequences=args.max_request_sequences, max_body_bytes=args.max_body_bytes,
+                     max_request_sequences=args.max_request_sequences,
+                     max_share_tokens=args.max_share_tokens, max_body_bytes=args.max_body_bytes,
                      body_timeout_s=args.body_timeout_s, body_deadline_s=args.body_deadline_s,
                      max_json_depth=args.max_json_depth, max_int_digits=args.max_int_digits,
                      keep_alive_timeout_s=args.keep_alive_timeout_s, header_timeout_s=args.header_timeout_s,

@@ -17,7 +17,10 @@ Batching: requests arriving within ``batch_wait_ms`` of each other (up to ``max_
 four windows after the first, plus whatever queued while the previous batch ran) are grouped by identical
 sampling parameters, and each group becomes one ``generator.generate`` call on a single worker thread, so the
 event loop stays responsive. A seeded sampling request runs on its own, so its samples do not depend on other
-traffic. A request whose client disconnects is dropped before its next share (``stats.abandoned``). Tokenizing and
+traffic. A generate call decodes at most ``max_share_tokens`` tokens per sequence; unfinished sequences queue again,
+continued from what they generated, so a small request never waits behind a whole long completion. A request whose
+client disconnects is dropped before its next share (``stats.abandoned``), and a generate call running for clients
+that have all left stops at its next decoded token (``stats.cancelled_calls``). Tokenizing and
 chat templating run on their own thread, after a refusal by length alone of a text too long for the context window.
 Counters are on ``app.state.stats`` (:class:`ServerStats`).
 
@@ -38,7 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import hmac
+import inspect
+import itertools
 import json
 import logging
 import re
@@ -57,7 +64,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from prorag.llm.generation import Completion, Generator, SamplingParams
+from prorag.llm.generation import (
+    Completion,
+    GenerationCancelled,
+    Generator,
+    SamplingParams,
+    cut_at_stop,
+    request_seeds,
+)
 from prorag.llm.prefix_cache import GenerationStats
 from prorag.serving.batching import MicroBatcher
 from prorag.serving.guard import (
@@ -123,6 +137,7 @@ class ServerStats:
     generate_seconds: float = 0.0
     rejected: int = 0  # 4xx answers
     abandoned: int = 0  # requests dropped because their client disconnected before the answer
+    cancelled_calls: int = 0  # generate calls stopped mid-decoding because every client of their batch had left
     errors: int = 0  # failed generate calls
     started_at: float = field(default_factory=time.time)
     generation: GenerationStats | None = None  # the in-process generator's prefill / KV-reuse / decode counters
@@ -136,7 +151,7 @@ class ServerStats:
             "largest_batch": self.largest_batch, "mean_batch": sum(sizes) / len(sizes) if sizes else 0.0,
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
             "generate_seconds": round(self.generate_seconds, 4), "rejected": self.rejected, "abandoned": self.abandoned,
-            "errors": self.errors,
+            "cancelled_calls": self.cancelled_calls, "errors": self.errors,
             "uptime_s": round(time.time() - self.started_at, 1),
         }
 
@@ -156,6 +171,8 @@ class GenerationBatcher(MicroBatcher[_Pending]):
         super().__init__(name="prorag-serve-batcher", window_s=batch_wait_s, max_size=max_batch_size)
         self.generator = generator
         self.stats = stats
+        # a generator that takes a ``cancelled`` check (the in-process one) stops decoding for clients that left
+        self.cancellable = "cancelled" in inspect.signature(generator.generate).parameters
 
     async def submit(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         """Queue one request's prompts and wait for their completions."""
@@ -183,10 +200,18 @@ class GenerationBatcher(MicroBatcher[_Pending]):
         self.stats.generate_calls += 1
         self.stats.batch_sizes.append(len(prompts))
         self.stats.largest_batch = max(self.stats.largest_batch, len(prompts))
+        generate: Callable[..., list[list[Completion]]] = self.generator.generate
+        if self.cancellable:
+            # read on the worker thread after every decoded token: a cancelled future is done
+            generate = functools.partial(generate, cancelled=lambda: all(item.future.done() for item in group))
         try:
-            results = await self.run_blocking(self.generator.generate, prompts, group[0].params)
+            results = await self.run_blocking(generate, prompts, group[0].params)
             if len(results) != len(prompts):
                 raise RuntimeError(f"generator returned {len(results)} results for {len(prompts)} prompts")
+        except GenerationCancelled:
+            self.stats.cancelled_calls += 1
+            logger.info("every client of a batch of %d prompts left: its generate call stopped", len(prompts))
+            return
         except Exception as error:
             self.stats.errors += 1
             logger.exception("generation failed for a batch of %d prompts", len(prompts))
@@ -314,7 +339,7 @@ def _message_text(message: Any, position: int) -> dict[str, str]:
 def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, batch_wait_ms: float = 5, *,
                api_key: str | None = None, max_tokens_limit: int = 4096, default_max_tokens: int | None = None,
                max_n: int = 16, max_prompts: int = 64, context_window: int | None = None,
-               max_request_sequences: int = 256, max_body_bytes: int = 8 << 20,
+               max_request_sequences: int = 256, max_share_tokens: int | None = None, max_body_bytes: int = 8 << 20,
                body_timeout_s: float = BODY_TIMEOUT_S, body_deadline_s: float = BODY_DEADLINE_S,
                max_json_depth: int = MAX_JSON_DEPTH, max_int_digits: int = MAX_INT_DIGITS,
                keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S, header_timeout_s: float = HEADER_TIMEOUT_S,
@@ -326,6 +351,10 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
     ``header_timeout_s``, ``max_connections``) are kept in ``app.state.connection_limits`` and applied by
     :func:`prorag.serving.guard.server_config` (:func:`serve_in_thread`, ``prorag serve``).
 
+    ``max_share_tokens`` bounds the tokens one generate call decodes for a request: longer completions are
+    continued in later calls, so a small request waits for at most one such segment of a long one (default: no
+    bound, one call per share: with 64 a staying heavy request was not seen to finish on a loaded 2-core machine,
+    not yet explained; see docs/serving.md).
     ``context_window`` bounds prompt + ``max_tokens`` (default: the model's ``max_position_embeddings`` when
     the generator exposes its model). ``default_max_tokens`` applies to requests without ``max_tokens``
     (default: 256, capped at ``max_tokens_limit``). ``api_key``, when given, is required as a bearer token
@@ -335,8 +364,10 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
     tokenizer = generator.tokenizer
     if tokenizer is None:
         raise ValueError("the served generator needs a tokenizer (to count tokens and template chats)")
-    if max_batch_size < 1 or max_n < 1 or max_tokens_limit < 1 or max_prompts < 1:
-        raise ValueError("max_batch_size, max_n, max_tokens_limit and max_prompts must be >= 1")
+    if max_share_tokens is None:
+        max_share_tokens = max_tokens_limit
+    if min(max_batch_size, max_n, max_tokens_limit, max_prompts, max_share_tokens) < 1:
+        raise ValueError("max_batch_size, max_n, max_tokens_limit, max_prompts and max_share_tokens must be >= 1")
     check_request_limits(max_json_depth=max_json_depth, max_int_digits=max_int_digits, body_timeout_s=body_timeout_s,
                          body_deadline_s=body_deadline_s)
     connection_limits = ConnectionLimits(keep_alive_timeout_s, header_timeout_s, max_connections)
@@ -520,6 +551,58 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
             if not task.done():
                 task.cancel()
 
+    def extend(first: Completion, more: Completion, stops: tuple[str, ...]) -> Completion:
+        """``first`` (stopped by the share's length bound) continued by ``more``: text decoded whole, and cut at a
+        stop string that straddles the two (the generator sees only the tokens it generated)."""
+        tokens = first.token_ids + more.token_ids
+        logprobs = None if first.logprobs is None or more.logprobs is None else first.logprobs + more.logprobs
+        ended = more.finish_reason == "stop" and more.stop is None  # the last id is the end-of-sequence token
+        body = tokens[:-1] if ended else tokens
+        text = tokenizer.decode(body, skip_special_tokens=True)
+        if not stops or cut_at_stop(text, stops)[1] is None:
+            return dataclasses.replace(first, text=text, token_ids=tokens, logprobs=logprobs,
+                                       finish_reason=more.finish_reason, stop=more.stop)
+        low, high = len(first.token_ids) + 1, len(body)  # the shortest prefix of body whose text holds a stop
+        while low < high:
+            middle = (low + high) // 2
+            if cut_at_stop(tokenizer.decode(body[:middle], skip_special_tokens=True), stops)[1] is None:
+                low = middle + 1
+            else:
+                high = middle
+        text, stop = cut_at_stop(tokenizer.decode(body[:low], skip_special_tokens=True), stops)
+        return dataclasses.replace(first, text=text, token_ids=body[:low], stop=stop, finish_reason="stop",
+                                   logprobs=None if logprobs is None else logprobs[:low])
+
+    async def continue_share(request: Request, prompts: list[list[int]],
+                             params: SamplingParams) -> list[list[Completion]]:
+        """One share's completions, decoded ``max_share_tokens`` at a time: after each segment the sequences that
+        hit the bound queue again as prompts extended by what they generated (the generator's KV cache keeps
+        their past), behind any request that arrived meanwhile. Segment ``k`` of a seeded request is seeded
+        with the ``k``-th :func:`request_seeds` of its seed; greedy samples are continued once per prompt."""
+        limit = params.max_new_tokens
+        step = dataclasses.replace(params, max_new_tokens=min(limit, max_share_tokens))
+        results = await share_or_drop(request, prompts, step)
+        for segment in itertools.count(1):
+            going = [(index, sample) for index, samples in enumerate(results)
+                     for sample, completion in enumerate(samples)
+                     if completion.finish_reason == "length" and len(completion.token_ids) < limit
+                     and not (params.greedy and sample)]
+            if not going:
+                return results
+            more: list[list[Completion]] = []
+            for start in range(0, len(going), max_batch_size):
+                rows = going[start:start + max_batch_size]
+                room = min(limit - len(results[index][sample].token_ids) for index, sample in rows)
+                step = dataclasses.replace(params, n=1, max_new_tokens=min(room, max_share_tokens),
+                                           seed=request_seeds(params.seed, segment + 1)[segment])
+                more += await share_or_drop(request, [prompts[index] + results[index][sample].token_ids
+                                                      for index, sample in rows], step)
+            for (index, sample), [completion] in zip(going, more, strict=True):
+                joined = extend(results[index][sample], completion, params.stop)
+                results[index] = ([joined] * len(results[index]) if params.greedy
+                                  else [*results[index][:sample], joined, *results[index][sample + 1:]])
+        raise AssertionError("unreachable")
+
     async def run(request: Request, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         sequences = len(prompts) * params.n
         if sequences > max_request_sequences:
@@ -529,14 +612,15 @@ def create_app(generator: Generator, model_name: str, max_batch_size: int = 8, b
         stats.requests += 1
         stats.prompts += len(prompts)
         # Fairness: a request larger than one batch is served in batch-sized shares, one after the other, so a
-        # request arriving meanwhile joins the next share's batch instead of waiting for the whole request.
+        # request arriving meanwhile joins the next share's batch instead of waiting for the whole request; a share
+        # decodes at most max_share_tokens tokens before its unfinished sequences queue again (continue_share).
         share = max(1, max_batch_size // params.n)
         results: list[list[Completion]] = []
-        # A client that disconnects is noticed within DISCONNECT_POLL_S: its queued share is dropped and no further
-        # share runs (a generate call already under way finishes; its result is discarded).
+        # A client that disconnects is noticed within DISCONNECT_POLL_S: its queued shares are dropped, and a
+        # generate call under way for it alone stops at its next decoded token (the batcher's cancelled check).
         try:
             for start in range(0, len(prompts), share):
-                results += await share_or_drop(request, prompts[start:start + share], params)
+                results += await continue_share(request, prompts[start:start + share], params)
         except _ClientGone:
             stats.abandoned += 1
             logger.info("client disconnected: dropped the rest of a request of %d prompts x n=%d", len(prompts),

@@ -41,6 +41,7 @@ from prorag.llm.generation import render_chat
 from prorag.specs import Dtype, PositiveInt, Seed
 from prorag.training.checkpoints import CHECKPOINTS, checkpoint_arguments, save_adapter, train_resumable
 from prorag.training.config import FIXED_BY_PRORAG, CheckpointSettings, LoraSettings, TrainerArgs, TRLConfigName
+from prorag.training.upstream_warnings import upstream_deprecations
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, TrainerCallback
@@ -199,12 +200,14 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
         tokenizer.pad_token = tokenizer.eos_token
     peft_config = None
     if config.init_adapter:
-        model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
+        with upstream_deprecations():
+            model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
     else:
         peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                                  target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM")
-    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list([dict(row) for row in rows]),
-                         processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
+    with upstream_deprecations():  # PEFT wraps the model: transformers' is_gradient_checkpointing FutureWarning
+        trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list([dict(row) for row in rows]),
+                             processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
     if not config.append_eos:
         trainer.train_dataset = _drop_appended_eos(trainer.train_dataset, tokenizer.eos_token_id)
     if masked:
@@ -213,7 +216,8 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
         trainer.train_dataset = trainer.train_dataset.map(policy_token_masks,
                                                           fn_kwargs={"tokenizer": tokenizer, "spans_column": INSERTED})
         trainer.data_collator = PolicyTokenCollator.from_collator(trainer.data_collator)
-    train_resumable(trainer, output, resume=config.resume and config.save_steps is not None)
+    with upstream_deprecations():  # TRL's DPO loss reads is_gradient_checkpointing at every step
+        train_resumable(trainer, output, resume=config.resume and config.save_steps is not None)
     adapter_dir = save_adapter(trainer, output / "adapter", selected_adapters=["default"])
     logger.info("saved the DPO LoRA adapter of %s (%s) to %s after %d steps", model_spec,
                 resolve_model_path(model_spec), adapter_dir, trainer.state.global_step)

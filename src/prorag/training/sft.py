@@ -30,6 +30,7 @@ from prorag.protocol.base import ProtocolAdapter
 from prorag.protocol.registry import build_adapter
 from prorag.training.checkpoints import CHECKPOINTS, checkpoint_arguments, save_adapter, train_resumable
 from prorag.training.config import SFT_TRL_NAMES, SFTSettings
+from prorag.training.upstream_warnings import upstream_deprecations
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, TrainerCallback
@@ -121,8 +122,9 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     model, tokenizer = load_causal_lm(model_spec, dtype=settings.dtype, device="cpu")
     peft_config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
                              target_modules=list(settings.target_modules), bias="none", task_type="CAUSAL_LM")
-    trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows),
-                         processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
+    with upstream_deprecations():  # PEFT wraps the model: transformers' is_gradient_checkpointing FutureWarning
+        trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows),
+                             processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
     prepared = trainer.train_dataset[0]["labels"]
     if list(prepared) != rows[0]["labels"]:  # a TRL change that rebuilt the labels would silently train on context
         raise RuntimeError("SFTTrainer did not keep the labels of the pre-tokenized examples")

@@ -44,6 +44,7 @@ from prorag.specs import PositiveInt
 from prorag.training.checkpoints import COMPLETED_MARKER, last_complete_checkpoint
 from prorag.training.devices import bf16_compute, ensure_one_device, fp32_master_weights, launched_processes
 from prorag.training.grpo import JUDGE_LEDGER, STAT_PREFIX, AgentRollouts, RolloutBatch, unique_questions
+from prorag.training.upstream_warnings import upstream_deprecations
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -254,16 +255,18 @@ def _policy(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], settin
 
     load_dtype = "float32" if full_parameters else settings.dtype
     policy, tokenizer = load_causal_lm(model, dtype=load_dtype) if isinstance(model, str) else model
-    if full_parameters:
+    with upstream_deprecations():  # PEFT reads transformers' deprecated is_gradient_checkpointing
+        if full_parameters:
+            if adapter_dir is not None:
+                policy = PeftModel.from_pretrained(policy, str(adapter_dir)).merge_and_unload()
+            return fp32_master_weights(policy).requires_grad_(True), tokenizer
         if adapter_dir is not None:
-            policy = PeftModel.from_pretrained(policy, str(adapter_dir)).merge_and_unload()
-        return fp32_master_weights(policy).requires_grad_(True), tokenizer
-    if adapter_dir is not None:
-        return PeftModel.from_pretrained(policy, str(adapter_dir), is_trainable=True), tokenizer
-    lora = settings.lora
-    return get_peft_model(policy, LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
-                                             target_modules=list(lora.target_modules), bias="none",
-                                             task_type="CAUSAL_LM")), tokenizer
+            return PeftModel.from_pretrained(policy, str(adapter_dir), is_trainable=True), tokenizer
+        lora = settings.lora
+        return get_peft_model(policy, LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha,
+                                                 lora_dropout=lora.lora_dropout,
+                                                 target_modules=list(lora.target_modules), bias="none",
+                                                 task_type="CAUSAL_LM")), tokenizer
 
 
 def _prompts(order: list[str], batch_index: int, per_batch: int, size: int, seed: int) -> list[str]:

@@ -60,6 +60,7 @@ from prorag.training.grpo import (
     unique_questions,
 )
 from prorag.training.trl_private import GRPOTrainerHooks, sync_every_replica
+from prorag.training.upstream_warnings import upstream_deprecations
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
@@ -178,10 +179,13 @@ def policy_generator(trainer: GRPOTrainer, *, batch_size: int) -> Iterator[Trans
     """The trainer's current policy as a :class:`TransformersGenerator` (unwrapped, eval mode, no grad; under FSDP2
     with its full parameters gathered, :func:`fsdp2_full_parameters`)."""
     model = trainer.model_wrapped
-    with (unwrap_model_for_generation(model, trainer.accelerator,
-                                      gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-                                      gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
-          as unwrapped, fsdp2_full_parameters(unwrapped) as gathered, torch.no_grad()):
+    with contextlib.ExitStack() as stack:
+        with upstream_deprecations():  # TRL reads is_gradient_checkpointing on entering (a FutureWarning)
+            unwrapped = stack.enter_context(unwrap_model_for_generation(
+                model, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs))
+        gathered = stack.enter_context(fsdp2_full_parameters(unwrapped))
+        stack.enter_context(torch.no_grad())
         was_training = unwrapped.training
         # whole parameters on every rank (FSDP2 gathered here, ZeRO-3 by TRL): each rank generates on its own, so
         # transformers' synced_gpus (an all-reduce per decoding step) is off; ranks' turns may differ in number
@@ -330,21 +334,24 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
     peft_config = None
     if full_parameters:
         if adapter_dir is not None:
-            policy = PeftModel.from_pretrained(policy, str(adapter_dir)).merge_and_unload()
+            with upstream_deprecations():
+                policy = PeftModel.from_pretrained(policy, str(adapter_dir)).merge_and_unload()
         policy = fp32_master_weights(policy)
     elif adapter_dir is not None:
-        policy = PeftModel.from_pretrained(policy, str(adapter_dir), is_trainable=True)
+        with upstream_deprecations():
+            policy = PeftModel.from_pretrained(policy, str(adapter_dir), is_trainable=True)
     else:
         lora = settings.lora
         peft_config = LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
                                  target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
     # rollout_func is flagged experimental by TRL; the pinned TRL version is the one this module is tested with.
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    return AgentGRPOTrainer(
-        model=policy, args=config, processing_class=tokenizer, train_dataset=grpo_dataset(questions),
-        reward_funcs=[ComponentReward(name) for name in rollout_function.reward_components],
-        peft_config=peft_config, rollout_func=rollout_function, callbacks=callbacks,
-        drop_uniform_groups=settings.drop_uniform_groups)
+    with upstream_deprecations():  # PEFT wraps the model: transformers' is_gradient_checkpointing FutureWarning
+        return AgentGRPOTrainer(
+            model=policy, args=config, processing_class=tokenizer, train_dataset=grpo_dataset(questions),
+            reward_funcs=[ComponentReward(name) for name in rollout_function.reward_components],
+            peft_config=peft_config, rollout_func=rollout_function, callbacks=callbacks,
+            drop_uniform_groups=settings.drop_uniform_groups)
 
 
 def train_grpo_lora(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], questions: Sequence[Question],

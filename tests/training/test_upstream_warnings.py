@@ -1,0 +1,46 @@
+"""transformers' ``is_gradient_checkpointing`` FutureWarning, read by PEFT and TRL, is filtered around the calls that
+raise it and nowhere else (issue 46, item 5)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from prorag.llm.registry import BUNDLED_TINY_LLAMA, load_causal_lm
+from prorag.training.config import GRPOSettings
+from prorag.training.torch_grpo import _policy
+from prorag.training.upstream_warnings import upstream_deprecations
+
+DEPRECATED = "`is_gradient_checkpointing` is deprecated"
+
+
+def _caught(function) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        function()
+    return [str(warning.message) for warning in caught]
+
+
+@pytest.fixture(scope="module")
+def tiny(one_torch_thread):
+    return load_causal_lm(BUNDLED_TINY_LLAMA)
+
+
+def test_only_that_message_is_filtered_and_only_inside_the_block(tiny):
+    model, _ = tiny
+    assert any(DEPRECATED in message for message in _caught(lambda: model.is_gradient_checkpointing))
+
+    def inside() -> None:
+        with upstream_deprecations():
+            _ = model.is_gradient_checkpointing
+            warnings.warn("another deprecation", FutureWarning, stacklevel=1)
+            warnings.warn(f"{DEPRECATED} (not from transformers)", FutureWarning, stacklevel=1)
+
+    # the same text raised by another module, and any other FutureWarning, still show
+    assert _caught(inside) == ["another deprecation", f"{DEPRECATED} (not from transformers)"]
+
+
+def test_wrapping_the_policy_in_lora_warns_nothing_upstream(tiny):
+    messages = _caught(lambda: _policy(tiny, GRPOSettings(), adapter_dir=None, full_parameters=False))
+    assert not [message for message in messages if DEPRECATED in message]
