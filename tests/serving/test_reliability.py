@@ -67,8 +67,9 @@ def test_abandoned_requests_are_dropped_before_their_next_share(slow_server):
         reply = client.post("/completions", json={"prompt": "hi", "max_tokens": 2})
     waited = time.perf_counter() - started
     assert reply.status_code == 200, reply.text
-    assert waited < 2 * PER_CALL_S + 1.0, f"a 2-token request waited {waited:.1f} s behind abandoned requests"
     assert len(generator.calls) <= 3, generator.calls  # at most one abandoned share ran (plus the small request)
+    # 6 calls (9 s) if the abandoned shares ran; a loose bound, as a loaded CI machine stretches each 1.5 s call
+    assert waited < 4 * PER_CALL_S, f"a 2-token request waited {waited:.1f} s behind abandoned requests"
     time.sleep(0.5)
     assert app.state.stats.abandoned == 3
 
