@@ -84,8 +84,10 @@ experiment-hiprag: models
 
 # Every pipeline of `kedro registry list`, in dependency order, on a fresh copy of the tracked files with tiny slices
 # (scripts/run_every_pipeline.py); the table of runs also goes to data/08_reporting/every_pipeline.md here.
+# PIPELINES="a b" runs only those (CI: .ci/run's selection).
 every-pipeline: models
-	$(BIN)/python scripts/run_every_pipeline.py --report data/08_reporting/every_pipeline.md
+	$(BIN)/python scripts/run_every_pipeline.py --report data/08_reporting/every_pipeline.md \
+		$(if $(PIPELINES),--pipelines $(PIPELINES))
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks experiments scripts

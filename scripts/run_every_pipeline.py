@@ -87,6 +87,8 @@ class PipelineLike(Protocol):
 
     def all_outputs(self) -> set[str]: ...
 
+    def to_outputs(self, *outputs: str) -> PipelineLike: ...
+
 
 def params_option(overrides: Mapping[str, Any]) -> str:
     """``overrides`` as one ``--params`` value (``key=value`` pairs, comma-separated; no value may hold a comma)."""
@@ -136,9 +138,9 @@ def run_order(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] 
     raw input), in an order whose runs pass the lineage check of the run manifests.
 
     A run loads the newest version of each versioned input, and the versions must belong together: the lineage of
-    a version is what its run loaded, recursively (:mod:`prorag.tracking.run_manifest`). Composite pipelines
-    (``train_*``) rewrite ``questions``, ``evaluated_questions`` and the index on the way, so a stage pipeline that
-    reads an artifact of one run and a dataset of a later run fails: ``rl`` after ``train_rl`` rewrote
+    a version is what its run loaded upstream of it, recursively (:mod:`prorag.tracking.run_manifest`). Composite
+    pipelines (``train_*``) rewrite ``questions``, ``evaluated_questions`` and the index on the way, so a stage
+    pipeline that reads an artifact of one run and a dataset of a later run fails: ``rl`` after ``train_rl`` rewrote
     ``evaluated_questions``, ``tearag`` with a ``knowledge_graph`` extracted before ``train_hiprag`` rewrote
     ``questions``. The order simulates those versions and lineages. Among the pipelines ready to run, it takes the
     first in registry order whose loads would belong together and that leaves every other such ready pipeline able
@@ -154,6 +156,8 @@ def run_order(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] 
     produced = set().union(*writes.values())
     tracked = produced if versioned is None else produced & set(versioned)
     optional = {name: optional_inputs(pipelines[name]) for name in names}  # type: ignore[arg-type]
+    upstream = {name: {dataset: pipelines[name].to_outputs(dataset).inputs() for dataset in writes[name] & tracked}
+                for name in names}
     version: dict[str, int] = {}
     lineage: dict[str, dict[str, int]] = {}
 
@@ -162,15 +166,16 @@ def run_order(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] 
 
     def belongs_together(name: str, state: Mapping[str, int], lines: Mapping[str, Mapping[str, int]]) -> bool:
         required = (dataset for dataset in loads(name) if dataset not in optional[name])
-        conflicts = lineage_conflicts({dataset: {dataset: state[dataset], **lines[dataset]} for dataset in required})
+        # a dataset's own version comes first, as in RunManifests.lineage
+        conflicts = lineage_conflicts({dataset: {**lines[dataset], dataset: state[dataset]} for dataset in required})
         return next(conflicts, None) is None
 
     def after(name: str, run: int) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-        loaded: dict[str, int] = {}
-        for dataset in loads(name):
-            loaded.update({dataset: version[dataset], **lineage[dataset]})
         state, lines = dict(version), dict(lineage)
         for dataset in writes[name] & tracked:
+            loaded: dict[str, int] = {}
+            for source in upstream[name][dataset] & set(loads(name)):  # as the run's manifest records it
+                loaded.update({**lineage[source], source: version[source]})
             state[dataset], lines[dataset] = run, loaded
         return state, lines
 
@@ -205,6 +210,26 @@ def plan(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] | Non
     same = aliases(pipelines)
     kept = {name: pipeline for name, pipeline in pipelines.items() if name not in same}
     return run_order(kept, versioned), same
+
+
+def select(pipelines: Mapping[str, PipelineLike], chosen: Sequence[str]) -> dict[str, PipelineLike]:
+    """The ``chosen`` pipelines, in registry order; each dataset one of them needs that another registered pipeline
+    writes must be written by a chosen one (a fresh project has no other source for it), but an optional input."""
+    from prorag.hooks.run_versions import optional_inputs
+
+    unknown = sorted(set(chosen) - set(pipelines))
+    if unknown:
+        raise SystemExit(f"--pipelines {' '.join(unknown)}: not registered ({', '.join(sorted(pipelines))})")
+    kept = {name: pipeline for name, pipeline in pipelines.items() if name in chosen}
+    produced = set().union(*(set(pipeline.all_outputs()) for pipeline in pipelines.values()))
+    written = set().union(*(set(pipeline.all_outputs()) for pipeline in kept.values()))
+    unmet = {name: sorted((needs(pipeline) - optional_inputs(pipeline)) & produced - written)  # type: ignore[arg-type]
+             for name, pipeline in kept.items()}
+    if any(unmet.values()):
+        raise SystemExit("--pipelines: " + "; ".join(
+            f"{name} needs {', '.join(datasets)}, which none of the chosen pipelines writes"
+            for name, datasets in unmet.items() if datasets))
+    return kept
 
 
 def copy_project(source: Path, target: Path) -> int:
@@ -260,7 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="where the fresh copy goes (default: a temp dir)")
     parser.add_argument("--reuse", action="store_true", help="run in a non-empty --workdir (its data/ kept)")
     parser.add_argument("--report", type=Path, default=None, help="also write the table here")
-    parser.add_argument("--pipelines", nargs="+", default=None, help="only these (still in dependency order)")
+    parser.add_argument("--pipelines", nargs="+", default=None,
+                        help="only these, in dependency order among themselves (CI runs a selection: .ci/run)")
     parser.add_argument("--params", default=None, help="more --params overrides, after the tiny ones")
     parser.add_argument("--dry-run", action="store_true", help="print the runs in order and stop")
     args = parser.parse_args(argv)
@@ -269,12 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     copied = copy_project(ROOT, workdir)
     pipelines, parameters, versioned = load_project(workdir)
     check_overrides(parameters, TINY)
-    order, same = plan(pipelines, versioned)
     if args.pipelines:
-        unknown = sorted(set(args.pipelines) - set(pipelines))
-        if unknown:
-            raise SystemExit(f"--pipelines {' '.join(unknown)}: not registered ({', '.join(sorted(pipelines))})")
-        order = [name for name in order if name in args.pipelines]
+        pipelines = select(pipelines, args.pipelines)
+    order, same = plan(pipelines, versioned)
     options = ",".join(filter(None, [params_option(TINY), args.params]))
 
     print(f"fresh project: {copied} tracked files in {workdir}")

@@ -94,6 +94,34 @@ def test_consistent_runs_of_separate_pipelines_pass(tmp_path):
     assert loaded == {"trajectories": [{"t": "D"}], "index_questions": [{"q": "A"}]}
 
 
+def test_a_dataset_s_lineage_is_what_it_was_made_from_not_everything_its_run_loaded(tmp_path):
+    """A run that rebuilt ``index_questions`` and, in another branch, judged old trajectories does not tie the new
+    ``index_questions`` to those trajectories (every-pipeline's ``judge`` after ``rollout_kag`` failed so in CI)."""
+    branches = Pipeline([*INDEXING.nodes, node(lambda t: None, inputs="trajectories", outputs="judged",
+                                               name="judge_old")])
+    run(tmp_path, A, INDEXING, {"index_questions": [{"q": "A"}], "retrieval_index": [{"index": "A"}]})
+    run(tmp_path, B, ROLLOUT, {"trajectories": [{"t": "B"}]})
+    run(tmp_path, C, branches, {"index_questions": [{"q": "C"}], "retrieval_index": [{"index": "C"}],
+                                "judged": []})
+    assert manifest(tmp_path, C)["loaded"] == {"trajectories": B}
+    assert manifest(tmp_path, C)["sources"] == {"index_questions": [], "judged": ["trajectories"],
+                                                "retrieval_index": []}
+    run(tmp_path, D, ROLLOUT, {"trajectories": [{"t": "D"}]})  # over the index of C
+    loaded = run(tmp_path, E, JUDGING, {"judged": []})
+    assert loaded == {"trajectories": [{"t": "D"}], "index_questions": [{"q": "C"}]}
+    assert RunManifests(tmp_path / RUN_MANIFEST_DIR).lineage("judged", C) == {
+        "judged": C, "trajectories": B, "index_questions": A, "retrieval_index": A}  # B was rolled out over A
+
+
+def test_a_manifest_without_sources_ties_its_outputs_to_everything_its_run_loaded(tmp_path):
+    run(tmp_path, A, INDEXING, {"index_questions": [{"q": "A"}], "retrieval_index": [{"index": "A"}]})
+    manifests = RunManifests(tmp_path / RUN_MANIFEST_DIR)
+    manifests.write(RunManifest(run_id=B, status="completed", loaded={"index_questions": A, "trajectories": F},
+                                saved={"retrieval_index": B}))
+    assert RunManifests(tmp_path / RUN_MANIFEST_DIR).lineage("retrieval_index", B) == {
+        "retrieval_index": B, "index_questions": A, "trajectories": F}
+
+
 def test_only_runs_that_never_completed_is_an_error(tmp_path):
     run(tmp_path, B, INDEXING, {"index_questions": [{"q": "B"}], "retrieval_index": []}, fail=True)
     with pytest.raises(RunVersionError, match=rf"index_questions: no stored version comes from a completed run "

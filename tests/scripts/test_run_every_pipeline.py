@@ -97,6 +97,39 @@ def test_a_reader_waits_for_a_run_whose_outputs_belong_together():
                                                                             "train_kg"]
 
 
+def test_an_output_s_lineage_is_its_upstream_loads_not_every_load_of_its_run(capsys):
+    # the CI failure at 4fadfd6: train_rl_instruct rebuilt index_questions and, in another branch, read old
+    # trajectories; rollout_kag then wrote trajectories over the new index_questions, and judge read both
+    pipelines = {
+        "index": _pipe((["raw"], "index_questions")),
+        "rollout": _pipe((["index_questions"], "trajectories")),
+        "instruct": _pipe((["raw"], "index_questions"), (["trajectories"], "judged_old"), (["raw"], "instructed")),
+        "kag": _pipe((["index_questions", "instructed"], "trajectories"), (["index_questions"], "graph")),
+        "judge": _pipe((["index_questions", "trajectories", "graph"], "judged")),
+    }
+    assert every.run_order(pipelines) == ["index", "rollout", "instruct", "kag", "judge"]
+    assert "no order found" not in capsys.readouterr().err
+
+
+def test_a_selection_must_write_what_its_pipelines_need_but_optional_inputs():
+    pipelines = {"build": _pipe((["raw"], "index")), "evaluate": _pipe((["index"], "table")),
+                 "report": _pipe((["table"], "report"))}
+    assert list(every.select(pipelines, ["report", "evaluate", "build"])) == ["build", "evaluate", "report"]
+    with pytest.raises(SystemExit, match="report needs table, which none of the chosen pipelines writes"):
+        every.select(pipelines, ["build", "report"])
+    with pytest.raises(SystemExit, match="--pipelines nope: not registered"):
+        every.select(pipelines, ["nope"])
+
+
+def test_the_ci_selection_runs_on_its_own(project):
+    """.ci/run's selection: every need is written by a chosen pipeline, and the order passes the lineage check."""
+    pipelines, _, versioned = project
+    listed = (ROOT / ".ci" / "run").read_text(encoding="utf-8").split("CI_PIPELINES=(", 1)[1].split(")", 1)[0]
+    chosen = every.select(pipelines, listed.split())
+    order, _ = every.plan(chosen, versioned)
+    assert sorted(order) == sorted(set(listed.split()))
+
+
 def test_compare_runs_after_the_pipelines_that_write_the_adapters_it_reads():
     pipelines = {"compare": _pipe((["adapter", "rl_adapter"], "comparison")), "train": _pipe((["raw"], "adapter")),
                  "train_rl": _pipe((["adapter"], "rl_adapter"))}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -90,7 +90,7 @@ class RunVersionHook:
             _replace(catalog, name, OptionalVersionDataset(dataset=dataset, reason=reason,
                                                            metadata=getattr(dataset, "metadata", None)))
         self._manifest = RunManifest(run_id=run_params["run_id"], pipelines=run_params.get("pipeline_names")
-                                     or ["__default__"], loaded=chosen)
+                                     or ["__default__"], loaded=chosen, sources=derived_from(pipeline, chosen))
         manifests.write(self._manifest)
         if not self._exit_handler_installed:
             on_termination(self._mark_killed)
@@ -122,6 +122,13 @@ class RunVersionHook:
         self._manifest.finished_at = time.time()
         self._manifests.write(self._manifest)
         self._manifest = None
+
+
+def derived_from(pipeline: Pipeline, loaded: Collection[str]) -> dict[str, list[str]]:
+    """Each dataset ``pipeline`` writes -> the ``loaded`` datasets upstream of it (the free inputs of the nodes it
+    is computed from): its lineage, where the run's other branches play no part."""
+    return {output: sorted(pipeline.to_outputs(output).inputs() & set(loaded))
+            for output in sorted(pipeline.all_outputs())}
 
 
 def refuse_pinned_outputs(pins: Mapping[str, str], pipeline: Pipeline) -> None:

@@ -10,10 +10,12 @@ end: the next run on the same host marks it ``killed`` when its process is gone 
 :func:`choose_load_versions` picks, for each versioned input, the newest version whose run *completed* (a version
 without any manifest, written before manifests existed, counts as completed), instead of Kedro's newest version
 on disk, which may come from a run that failed halfway (its first outputs saved, the rest not). It then checks
-that the chosen versions belong together: the *lineage* of a version is what its run loaded, recursively; two
-inputs whose lineages name different versions of the same dataset (e.g. trajectories rolled out over the index
-of one run, and ``index_questions`` of a later run) fail the run with both versions named, unless
-``--load-versions`` pins them.
+that the chosen versions belong together: the *lineage* of a version is what its run loaded upstream of it
+(``sources``: the inputs the dataset derives from in the run's pipeline; a run that wrote ``index_questions`` from
+the raw question files and, in another branch, judged old ``trajectories``, gives ``index_questions`` no
+trajectories in its lineage), recursively; two inputs whose lineages name different versions of the same dataset
+(e.g. trajectories rolled out over the index of one run, and ``index_questions`` of a later run) fail the run with
+both versions named, unless ``--load-versions`` pins them.
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ class RunVersionError(UserError, RuntimeError):
 
 @dataclass
 class RunManifest:
-    """One run: its status, the pipelines it ran, and the versions of the versioned datasets it loaded and saved."""
+    """One run: its status, the pipelines it ran, and the versions of the versioned datasets it loaded and saved.
+
+    ``sources`` maps each dataset the run writes to the loaded datasets it derives from (its upstream inputs in the
+    run's pipeline); a dataset missing there (a manifest written before ``sources`` existed) derives from all of
+    ``loaded``."""
 
     run_id: str
     status: Status = "running"
@@ -51,8 +57,16 @@ class RunManifest:
     finished_at: float | None = None
     loaded: dict[str, str] = field(default_factory=dict)
     saved: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, list[str]] = field(default_factory=dict)
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
+
+
+    def upstream(self, dataset: str) -> dict[str, str]:
+        """The versions this run loaded that ``dataset`` derives from (all it loaded when ``sources`` is silent)."""
+        if dataset not in self.sources:
+            return dict(self.loaded)
+        return {name: self.loaded[name] for name in self.sources[dataset] if name in self.loaded}
 
 
 class RunManifests:
@@ -113,7 +127,7 @@ class RunManifests:
         return manifest is None or manifest.status == "completed"
 
     def lineage(self, name: str, version: str) -> dict[str, str]:
-        """``{dataset: version}`` of ``name@version`` and of everything its run loaded, recursively."""
+        """``{dataset: version}`` of ``name@version`` and of what its run loaded upstream of it, recursively."""
         result: dict[str, str] = {}
         pending = [(name, version)]
         while pending:
@@ -123,7 +137,7 @@ class RunManifests:
             result[dataset] = dataset_version
             manifest = self.read(dataset_version)
             if manifest is not None:
-                pending.extend(manifest.loaded.items())
+                pending.extend(manifest.upstream(dataset).items())
         return result
 
 
