@@ -18,10 +18,11 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parents[1] / "src"
 ROOT = "prorag"
 APPLICATION = {"pipelines", "hooks", "pipeline_registry", "settings", "config_loader", "__main__", "cli", "console",
-               "use_agent", "methods", "recipes"}
+               "use_agent", "methods", "recipes", "assembly", "launch_worker"}
 """Top-level parts of prorag that are the Kedro application, not the library: they may import anything. ``recipes``
 compose the stage pipelines; ``methods`` resolves the parameters' ``methods`` map for the config loader, asking each
-entry's recipe for its stages."""
+entry's recipe for its stages; ``assembly`` is the composition root (specs in, objects out), which no library module
+imports; ``launch_worker`` is each rank's process under accelerate/torchrun, which builds what it trains there."""
 SHARED_PIPELINE_MODULES = {"prorag.pipelines.tags", "prorag.pipelines.parameter_schemas"}
 
 
@@ -291,3 +292,28 @@ def test_the_application_floor_forms_no_cycle_even_through_deferred_imports() ->
         graph[edge.source].add(edge.target)
     cycles = _cycles(graph)
     assert not cycles, "modules import each other (some deferred):\n" + _describe(cycles, edges, lambda m: m)
+
+
+COMPOSITION_ROOT = "prorag.assembly"
+ASSEMBLY_FUNCTIONS = {"build_judge", "build_generator", "build_reward", "RolloutScorer"}
+"""What only the composition root calls to turn specs into objects (issue 45, item 2)."""
+
+
+def test_the_composition_root_is_at_the_top() -> None:
+    """No library module reaches up into ``prorag.assembly`` (:func:`test_library_never_imports_the_application`
+    holds it to that); the application's nodes, recipes and entry points build through it."""
+    assert _part(COMPOSITION_ROOT) in APPLICATION
+    importers = {_part(edge.source) for edge in _edges() if edge.target == COMPOSITION_ROOT}
+    assert {"pipelines", "launch_worker", "use_agent"} <= importers <= APPLICATION
+
+
+def test_nodes_and_recipes_build_judges_policies_and_rewards_through_the_root() -> None:
+    offenders = []
+    for module, path in _modules().items():
+        if _part(module) not in {"pipelines", "recipes"}:
+            continue
+        for statement in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(statement, ast.ImportFrom) and statement.module != COMPOSITION_ROOT:
+                offenders += [f"{module}:{statement.lineno} imports {alias.name} from {statement.module}"
+                              for alias in statement.names if alias.name in ASSEMBLY_FUNCTIONS]
+    assert not offenders, "build these with prorag.assembly:\n" + "\n".join(offenders)

@@ -1,4 +1,5 @@
-"""The composition root: specs in, objects out — the policy, a retriever, a judge, a reward's scorer.
+"""The composition root: specs in, objects out — the policy, a retriever, a judge, a reward's scorer, GRPO's
+rollouts.
 
 Nodes, experiments and training backends build what they run here and nowhere else, so a spec is turned into an
 object in one place (the library packages below never assemble each other's objects).
@@ -18,11 +19,14 @@ from prorag.rewards.scoring import RolloutScorer
 if TYPE_CHECKING:
     from prorag.data.records import Question
     from prorag.judges.base import Judge
+    from prorag.kg.params import ExtractorSpec
     from prorag.llm.generation import Generator
     from prorag.retrieval.base import Retriever
     from prorag.retrieval.index import RetrievalIndex
-    from prorag.rewards.base import RewardSettings
-    from prorag.specs import JudgeSpec, PolicySpec, RetrieverSpec
+    from prorag.rewards.base import Reward, RewardSettings
+    from prorag.specs import AgentSpec, JudgeSpec, PolicySpec, RetrieverSpec
+    from prorag.training.config import GRPOSettings
+    from prorag.training.grpo import AgentRollouts
 
 
 def build_policy(policy: PolicySpec) -> Generator:
@@ -36,6 +40,13 @@ def build_policy(policy: PolicySpec) -> Generator:
     with contextlib.suppress(AttributeError):  # a generator with __slots__ keeps its class name as the label
         generator.label = policy.label  # type: ignore[attr-defined]
     return generator
+
+
+def build_extractor(spec: ExtractorSpec) -> Generator:
+    """The knowledge-graph extraction model an :class:`~prorag.kg.params.ExtractorSpec` describes."""
+    return build_generator(spec.model, backend=spec.backend, dtype=spec.dtype, batch_size=spec.batch_size,
+                           base_url=spec.base_url, api_key_env=spec.api_key_env, mode=spec.mode,
+                           max_concurrency=spec.max_concurrency, timeout=spec.timeout)
 
 
 def build_retriever(spec: RetrieverSpec, index: RetrievalIndex | None) -> Retriever:
@@ -52,6 +63,12 @@ def build_retriever(spec: RetrieverSpec, index: RetrievalIndex | None) -> Retrie
 def build_judge_from_spec(spec: JudgeSpec, retriever: Retriever | None = None) -> Judge:
     """The judge of a :class:`~prorag.specs.JudgeSpec` (the reference judge grounds with ``retriever``)."""
     return build_judge(**spec.model_dump(), retriever=retriever)
+
+
+def build_method_reward(reward: RewardSettings | Mapping[str, Any]) -> Reward:
+    """The registered reward of a reward entry (``methods.<name>.reward``), with no judges attached: what a method's
+    own loop scores with (TeaRAG's IP-DPO)."""
+    return build_reward(reward)
 
 
 def build_scorer(reward: RewardSettings | Mapping[str, Any], index: RetrievalIndex | None = None, *,
@@ -77,3 +94,22 @@ def build_scorer(reward: RewardSettings | Mapping[str, Any], index: RetrievalInd
     return RolloutScorer(scoring, over_judge=over_judge, under_judge=under_judge, embed=embed,
                          answer_judge=answer_judge, judge_for_metrics=judge_for_metrics,
                          questions={question.key: question for question in questions})
+
+
+def build_grpo_rollouts(questions: Sequence[Question], index: RetrievalIndex | None, *, retriever: RetrieverSpec,
+                        agent: AgentSpec, reward: Any, trainer: GRPOSettings, generation_batch_size: int,
+                        judge_for_metrics: bool, policy_server: Mapping[str, Any] | None,
+                        backend: str = "trl") -> AgentRollouts:
+    """GRPO's rollouts, as the trainer ``backend`` (:mod:`prorag.training.backends`) drives them, over ``index`` (or
+    the retrieval server ``retriever.retrieval_url``: every rank of a launch then queries it over HTTP; ``index``
+    may then be None when the reward needs none) with the ``reward`` entry's scorer and the agent's protocol and
+    budgets. The rl node and each rank of a launch (:mod:`prorag.launch_worker`) build them here."""
+    from prorag.training.backends import trainer_backend
+    from prorag.training.grpo import PolicyServer
+
+    scorer = build_scorer(reward, index, judge_for_metrics=judge_for_metrics, questions=questions)
+    return trainer_backend(backend).rollouts(
+        questions, build_retriever(retriever, index), scorer, agent, top_k=retriever.top_k,
+        temperature=trainer.temperature, top_p=trainer.top_p, seed=trainer.seed,
+        batch_size=generation_batch_size, refill_rounds=trainer.refill_rounds,
+        policy_server=PolicyServer(**policy_server) if policy_server else None)

@@ -70,7 +70,7 @@ def test_the_command_is_accelerate_s_own_launcher_with_a_shipped_config(tmp_path
     assert options["--num_processes"] == "16" and options["--num_machines"] == "2"  # accelerate counts all machines
     assert options["--machine_rank"] == "1" and options["--main_process_ip"] == "10.0.0.1"
     assert options["--gpu_ids"] == "0,1,2,3,4,5,6,7" and options["--mixed_precision"] == "bf16"
-    assert command[-3:] == ["-m", "prorag.training.launch_worker", str(tmp_path)]
+    assert command[-3:] == ["-m", "prorag.launch_worker", str(tmp_path)]
 
     srun = srun_command(settings.model_copy(update={"srun": True, "main_process_ip": None}), tmp_path)
     assert srun[:5] == ["srun", "--nodes=2", "--ntasks-per-node=1", "bash", "-c"]
@@ -229,8 +229,8 @@ def _grpo_bundle(tmp_path: Path, index, *, retrieval_url: str | None = None, rew
 
 
 def test_the_grpo_bundle_references_a_loaded_index_in_place_instead_of_copying_it(tmp_path, saved_index):
+    from prorag.launch_worker import grpo_index
     from prorag.retrieval.index import load_index_dir
-    from prorag.training.launch_worker import grpo_index
 
     built, directory = saved_index
     loaded = load_index_dir(directory)
@@ -253,12 +253,12 @@ def test_the_grpo_bundle_references_a_loaded_index_in_place_instead_of_copying_i
 
 
 def test_with_a_retrieval_server_the_grpo_ranks_load_no_index_and_retrieve_over_http(tmp_path, saved_index):
+    from prorag.assembly import build_grpo_rollouts
+    from prorag.launch_worker import grpo_index
     from prorag.retrieval.index import load_index_dir
     from prorag.retrieval.server import BackgroundServer, create_app
     from prorag.specs import RetrieverSpec, TrainedAgentSpec
     from prorag.training.config import GRPOSettings
-    from prorag.training.launch_worker import grpo_index
-    from prorag.training.stages import grpo_rollout_function
 
     _, directory = saved_index
     index = load_index_dir(directory)
@@ -269,7 +269,7 @@ def test_with_a_retrieval_server_the_grpo_ranks_load_no_index_and_retrieve_over_
         assert not (bundle / "inputs" / "index").exists() and grpo_index(worker, bundle) is None
         from prorag.data.records import Question
 
-        rollout = grpo_rollout_function(  # what a rank builds from the bundle (launch_worker._stage_grpo)
+        rollout = build_grpo_rollouts(  # what a rank builds from the bundle (launch_worker._stage_grpo)
             [Question("q1", "Who wrote Hamlet?", ("Shakespeare",), "hotpotqa")], None,
             retriever=RetrieverSpec.model_validate(worker["retriever"]),
             agent=TrainedAgentSpec.model_validate(worker["agent"]), reward=worker["reward"],

@@ -1,4 +1,4 @@
-"""How long a launch and its ranks live (:mod:`prorag.training.launch`, :mod:`prorag.training.launch_worker`), with
+"""How long a launch and its ranks live (:mod:`prorag.training.launch`, :mod:`prorag.launch_worker`), with
 real subprocesses: ``launch.timeout`` stops a launch that prints nothing (a deadlocked collective is silent) and its
 whole process tree; a rank ends when its launcher on its own machine is gone, whatever its pipes do; a rank on
 another machine does not watch the first machine's process ids."""
@@ -126,7 +126,7 @@ def test_a_rank_hung_in_a_collective_is_stopped_at_the_deadline(tmp_path, monkey
 
 RANK = """
 import os, sys, time
-from prorag.training.launch_worker import _watch_launcher
+from prorag.launch_worker import _watch_launcher
 _watch_launcher()
 open(sys.argv[1], "w").write(str(os.getpid()))
 time.sleep(120)

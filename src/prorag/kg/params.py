@@ -13,8 +13,6 @@ from pydantic import Field
 from prorag.config import Dtype, PositiveInt, Seed, StrictModel
 from prorag.kg.extraction import ExtractionSettings
 from prorag.kg.kag import KagSettings
-from prorag.llm.factory import build_generator
-from prorag.llm.generation import Generator
 from prorag.llm.registry import BUNDLED_SMOLLM2
 
 
@@ -50,12 +48,6 @@ class ExtractorSpec(StrictModel):
     max_concurrency: PositiveInt = 16
     """openai: requests in flight at once."""
     timeout: float = Field(default=120.0, gt=0)
-
-    def build(self) -> Generator:
-        """The extraction :class:`~prorag.llm.generation.Generator` this spec describes."""
-        return build_generator(self.model, backend=self.backend, dtype=self.dtype, batch_size=self.batch_size,
-                               base_url=self.base_url, api_key_env=self.api_key_env, mode=self.mode,
-                               max_concurrency=self.max_concurrency, timeout=self.timeout)
 
 
 class ExtractionParams(StrictModel):

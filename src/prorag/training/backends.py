@@ -5,7 +5,7 @@ A backend is an object with
 
 * ``name``;
 * ``rollouts``: the :class:`~prorag.training.grpo.AgentRollouts` class it drives (the rollout function is built
-  from it, :func:`prorag.training.stages.grpo_rollout_function`);
+  from it, :func:`prorag.assembly.build_grpo_rollouts`);
 * ``check_args(args, where) -> dict``: the check of its passthrough settings (``rl.backend.args``), a clear error
   naming ``where`` and the field;
 * ``train(model, questions, rollouts, output_dir, settings, *, args, adapter_dir, full_parameters, callbacks)``,

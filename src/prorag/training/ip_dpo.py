@@ -349,19 +349,17 @@ def round_metrics(scored: Sequence[tuple[ScoredPath, dict[str, Any]]], pairs: Se
 
 def run_ip_dpo(model: str, sft_adapter: str, questions: Sequence[Question], retriever: Retriever,
                agent: AgentSpec, sampling: SamplingSpec, reward: Reward, settings: IPDPOSettings,
-               dpo: DPOTrainingConfig, output_dir: str | Path, *, policy_batch_size: int = 8, dtype: str = "float32",
+               dpo: DPOTrainingConfig, output_dir: str | Path, *, generator_factory: Callable[[str], Generator],
                callbacks: Callable[[int], list[TrainerCallback]] | None = None,
-               generator_factory: Callable[[str], Generator] | None = None,
                train_dpo: Callable[..., tuple[Path, list[dict[str, Any]]]] | None = None) -> list[RoundResult]:
     """Rounds of sample → score → pair → DPO + SFT (module docstring); round ``k`` starts from round ``k-1``'s
     adapter (the SFT adapter first). A round without pairs trains nothing and keeps the adapter.
 
-    ``generator_factory(adapter_dir)`` builds the sampling policy (default: in-process transformers with the
-    adapter merged, :func:`prorag.llm.factory.build_generator`). ``train_dpo(model, rows, output_dir, config, *,
-    callbacks, round_index)`` trains a round (default: :func:`prorag.training.dpo.train_dpo_lora` in this process;
-    the tearag node passes a launcher under ``launch.mode: accelerate``)."""
+    ``generator_factory(adapter_dir)`` builds the sampling policy (the tearag node's: the composition root's
+    policy with the round's adapter, :func:`prorag.assembly.build_policy`). ``train_dpo(model, rows, output_dir,
+    config, *, callbacks, round_index)`` trains a round (default: :func:`prorag.training.dpo.train_dpo_lora` in this
+    process; the tearag node passes a launcher under ``launch.mode: accelerate``)."""
     from prorag.agent.runner import build_engine
-    from prorag.llm.factory import build_generator
     from prorag.llm.registry import load_tokenizer
     from prorag.protocol.registry import build_adapter
     from prorag.training.dpo import preference_rows, train_dpo_lora
@@ -373,8 +371,7 @@ def run_ip_dpo(model: str, sft_adapter: str, questions: Sequence[Question], retr
     current = sft_adapter
     results: list[RoundResult] = []
     for round_index in range(1, settings.rounds + 1):
-        generator = (generator_factory(current) if generator_factory else
-                     build_generator(model, adapter=current, dtype=dtype, batch_size=policy_batch_size))
+        generator = generator_factory(current)
         engine = build_engine(agent, generator, retriever, top_k=settings.top_k,
                               sampling=sampling.model_copy(update={"seed": sampling.seed + round_index}),
                               method=f"tearag_ip_dpo_round{round_index}")

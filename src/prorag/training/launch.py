@@ -9,7 +9,7 @@ ZeRO-3, FSDP2; shipped in ``prorag/training/accelerate_configs/``, or any accele
    trainer's output folder: ``checkpoints/``, ``adapter/``, ``COMPLETED``). The fingerprint hashes the stage's
    inputs, its settings and the world size, so repeating the same run finds the same folder and the trainers
    resume from its last checkpoint (``attempts.jsonl`` lists every launch into it);
-2. starts ``python -m accelerate.commands.launch … -m prorag.training.launch_worker <bundle>`` as a subprocess
+2. starts ``python -m accelerate.commands.launch … -m prorag.launch_worker <bundle>`` as a subprocess
    (in its own process group), streams its output to this process's log, and waits;
 3. on failure, raises :class:`LaunchError` naming the rank that failed first with that rank's traceback (each rank
    writes ``errors/rank_<r>.json`` when it raises); checkpoints already saved stay in ``run/``;
@@ -21,7 +21,7 @@ when its own machine's launcher is gone, so a killed launch leaves no training b
 resumes. ``launch.timeout`` is a timer: a launch still running then (a deadlocked collective prints nothing) is
 stopped, its process group and every process it started, and fails.
 
-This module imports neither Kedro nor torch; the worker (:mod:`prorag.training.launch_worker`) imports the trainers.
+This module imports neither Kedro nor torch; the worker (:mod:`prorag.launch_worker`) imports the trainers.
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def launch_command(settings: LaunchSettings, bundle: Path, *, mixed_precision: s
         command += ["--main_process_ip", settings.main_process_ip or "$MASTER_ADDR"]
     if settings.gpu_ids is not None:
         command += ["--gpu_ids", ",".join(str(gpu) for gpu in settings.gpu_ids)]
-    return [*command, "-m", "prorag.training.launch_worker", str(bundle)]
+    return [*command, "-m", "prorag.launch_worker", str(bundle)]
 
 
 def srun_command(settings: LaunchSettings, bundle: Path, *, mixed_precision: str = "no") -> list[str]:
@@ -593,7 +593,7 @@ def launch_grpo(model: str, questions: Sequence[Any], index: Any, launch: Launch
                 generation_batch_size: int, judge_for_metrics: bool, policy_server: Mapping[str, Any] | None,
                 metrics_prefix: str | None = "rl", backend: Mapping[str, Any] | None = None) -> LaunchResult:
     """GRPO with the trainer ``backend`` (``rl.backend``: ``{name, args}``; None: TRL's,
-    :mod:`prorag.training.backends`) and :func:`prorag.training.stages.grpo_rollout_function` under
+    :mod:`prorag.training.backends`) and :func:`prorag.assembly.build_grpo_rollouts` under
     ``accelerate launch`` (the bundle: :func:`grpo_bundle`)."""
     bundle = grpo_bundle(model, questions, index, launch, trainer=trainer, retriever=retriever, agent=agent,
                          reward=reward, start_adapter=start_adapter, full_parameters=full_parameters,

@@ -10,9 +10,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from prorag.agent import Rollout, build_runner, record_policy
-from prorag.assembly import build_policy, build_retriever
+from prorag.assembly import build_judge_from_spec, build_policy, build_retriever
 from prorag.data import Question, pick_questions
-from prorag.judges.factory import build_judge
 from prorag.kg.kag import attach_knowledge_graph
 from prorag.kg.params import KgExtractionParams
 from prorag.methods import KNOWLEDGE_GRAPH
@@ -93,7 +92,7 @@ def judge_compare_answers(trajectory_records: list[dict[str, Any]], params: Comp
     if params.answer_judge is None:
         return pd.DataFrame(columns=columns)
     rollouts = [Rollout.from_dict(record) for record in trajectory_records]
-    judge = build_judge(**params.answer_judge.model_dump())
+    judge = build_judge_from_spec(params.answer_judge)
     verdicts = judge.answer_correct([(r.question, tuple(r.golden_answers), r.answer or "") for r in rollouts])
     return pd.DataFrame([{"method": r.method, "question_key": r.question_key, "dataset": r.dataset,
                           "sample_index": r.sample_index, "correct": verdict.value, "error": verdict.error}

@@ -6,6 +6,7 @@ import random
 from collections import Counter
 from typing import Any
 
+from prorag.assembly import build_extractor
 from prorag.data import Passage
 from prorag.kg.extraction import ExtractedTriplet, extract_triplets
 from prorag.kg.graph import KnowledgeGraph, build_knowledge_graph
@@ -52,7 +53,7 @@ def extract_kg_triplets(chunk_records: list[dict[str, Any]],
     """Triplets of every chunk (cached per model/prompt/chunk, so re-runs extract only new chunks) and counts."""
     spec, extraction = params.extractor, params.extraction
     settings = extraction.settings(spec)
-    result = extract_triplets(spec.build(), [Passage.from_dict(record) for record in chunk_records], settings)
+    result = extract_triplets(build_extractor(spec), [Passage.from_dict(record) for record in chunk_records], settings)
     stats = {**result.stats.to_dict(), "model": spec.model, "backend": spec.backend, "prompt_id": settings.prompt_id,
              "filter_ungrounded": extraction.filter_ungrounded}
     return [triplet.to_dict() for triplet in result.triplets], stats

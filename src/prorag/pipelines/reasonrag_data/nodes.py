@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from prorag.assembly import build_policy, build_retriever
+from prorag.assembly import build_judge_from_spec, build_policy, build_retriever
 from prorag.data import Question, select_questions
-from prorag.judges.factory import build_judge
 from prorag.pipelines.reasonrag_data.params import ReasonRAGDataParams
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import PolicySpec, TrainedAgentSpec
@@ -66,13 +65,7 @@ def run_reasonrag_mcts(question_records: list[dict[str, Any]], index: RetrievalI
     retriever = build_retriever(params.retriever, index)
     judge = None
     if value.kind == "judge" and value.judge_prompt == "answer_matching":
-        spec = value.judge
-        judge = build_judge(spec.kind, retriever=index.retriever("bm25"), base_url=spec.base_url, model=spec.model,
-                            api_key_env=spec.api_key_env, cache_path=spec.cache_path,
-                            max_concurrency=spec.max_concurrency, timeout=spec.timeout,
-                            max_retries=spec.max_retries, temperature=spec.temperature,
-                            f1_threshold=spec.f1_threshold, grounding_threshold=spec.grounding_threshold,
-                            top_k=spec.top_k)
+        judge = build_judge_from_spec(value.judge, retriever=index.retriever("bm25"))
     config = search_config(params.mcts, value, top_k=params.retriever.top_k, few_shot=agent.few_shot)
     fingerprint = mcts_fingerprint(config, value, params, explorer, questions, index)
     results = Path(params.work_dir) / f"{fingerprint}.jsonl"

@@ -63,8 +63,8 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
     ``launch.mode: accelerate`` the training runs under ``accelerate launch`` (:mod:`prorag.training.launch`; its
     bundle folder holds the checkpoints, rank 0 logs the curves).
     """
+    from prorag.assembly import build_grpo_rollouts
     from prorag.training.backends import trainer_backend
-    from prorag.training.stages import grpo_rollout_function
 
     check_reward_protocol(reward, agent.protocol)
     backend = trainer_backend(params.backend.name)
@@ -80,7 +80,7 @@ def train_rl(question_records: list[dict[str, Any]], index: RetrievalIndex, sft_
                              backend=params.backend.model_dump())
         return str(result.adapter), [{key: value for key, value in entry.items() if isinstance(value, int | float)}
                                      for entry in result.log_history if "step" in entry]
-    rollout_function = grpo_rollout_function(
+    rollout_function = build_grpo_rollouts(
         questions, index, retriever=params.retriever, agent=agent, reward=reward, trainer=trainer,
         generation_batch_size=params.generation_batch_size, judge_for_metrics=params.judge_for_metrics,
         policy_server=server, backend=params.backend.name)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from prorag.agent import build_runner, record_policy
-from prorag.assembly import build_policy
+from prorag.assembly import build_extractor, build_method_reward, build_policy
 from prorag.config import ParameterError
 from prorag.data import Question, require_train_split, select_questions
 from prorag.kg.extraction import extract_triplets
@@ -21,7 +21,6 @@ from prorag.pipelines.tearag.params import TeaRAGParams
 from prorag.retrieval import RetrievalIndex
 from prorag.retrieval.base import Retriever
 from prorag.rewards.base import RewardSettings
-from prorag.rewards.registry import build_reward
 from prorag.rewards.tearag import KnowledgeMatchingReward
 from prorag.specs import MethodSpec, PolicySpec
 from prorag.training.ip_dpo import IPDPOSettings, PairRules, QuestionMix, run_ip_dpo, select_question_mix
@@ -84,7 +83,7 @@ def build_sft_data(question_records: list[dict[str, Any]], eval_records: list[di
     questions = select_sft_data_questions(question_records, eval_records, params)
     paragraphs = list({p.id: p for q in questions for p in golden_paragraphs(q)}.values())
     spec, extraction = kg.extractor, kg.extraction
-    result = extract_triplets(spec.build(), paragraphs, extraction.settings(spec))
+    result = extract_triplets(build_extractor(spec), paragraphs, extraction.settings(spec))
     examples, skipped = build_tearag_sft_data(
         questions, group_triplets(result.triplets),
         SFTDataSettings(extra_triplets=selection.extra_triplets, distractors=selection.distractors,
@@ -149,11 +148,8 @@ def run_ip_dpo_rounds(question_records: list[dict[str, Any]], eval_records: list
         rules=PairRules(min_outcome=cfg.min_outcome, min_process=cfg.min_process, easy_max_f1=cfg.easy_max_f1))
     results = run_ip_dpo(policy.model, sft_adapter, questions, _kag_retriever(index, graph, kg, params),
                          params.agent, cfg.sampling, ip_dpo_reward(reward), settings, cfg.trainer,
-                         Path(tempfile.mkdtemp(prefix="prorag-ip-dpo-")), policy_batch_size=policy.batch_size,
-                         dtype=policy.dtype,
+                         Path(tempfile.mkdtemp(prefix="prorag-ip-dpo-")), generator_factory=ip_dpo_sampler(policy),
                          callbacks=lambda round_index: [MlflowStepMetrics(f"tearag_dpo_round{round_index}")],
-                         generator_factory=ip_dpo_sampler(policy),
-
                          train_dpo=_launched_dpo(launch) if launch.enabled else None)
     adapter = next((result.adapter for result in reversed(results) if result.adapter), sft_adapter)
     metrics = [{"step": result.round, **result.metrics} for result in results]
@@ -166,7 +162,7 @@ def ip_dpo_reward(reward: RewardSettings) -> KnowledgeMatchingReward:
     """The reward IP-DPO scores its samples with: the method's ``reward`` entry — the one reward judging and
     ``compare`` score the method's rollouts with — built by the reward registry. Its pairs read the
     knowledge-matching components, so the entry's kind must be ``knowledge_matching`` (or a subclass of its own)."""
-    built = build_reward(reward)
+    built = build_method_reward(reward)
     if not isinstance(built, KnowledgeMatchingReward):
         raise ParameterError(f"invalid parameters: IP-DPO trains with the TeaRAG method's reward, which must be "
                              f"'knowledge_matching' (methods.<name>.reward.kind), got {reward.kind!r}")

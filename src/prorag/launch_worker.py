@@ -1,6 +1,6 @@
 """The process that ``accelerate launch`` starts on every rank for :mod:`prorag.training.launch`::
 
-    python -m accelerate.commands.launch … -m prorag.training.launch_worker <bundle folder>
+    python -m accelerate.commands.launch … -m prorag.launch_worker <bundle folder>
 
 It reads the bundle, trains its stage (SFT, DPO or GRPO) with the same library function the node calls in-process,
 into the bundle's ``run/`` folder (checkpoints, resumption, adapter), and:
@@ -42,7 +42,7 @@ from prorag.training.launch import (
     RUN_DIR,
 )
 
-logger = logging.getLogger("prorag.training.launch_worker")
+logger = logging.getLogger("prorag.launch_worker")
 
 
 def _rank() -> int:
@@ -156,18 +156,18 @@ def _stage_dpo(bundle: dict[str, Any], folder: Path, callbacks: list[Any]) -> tu
 
 
 def _stage_grpo(bundle: dict[str, Any], folder: Path, callbacks: list[Any]) -> tuple[Path, list[dict[str, Any]]]:
+    from prorag.assembly import build_grpo_rollouts
     from prorag.data.records import Question
     from prorag.specs import RetrieverSpec, TrainedAgentSpec
     from prorag.training.backends import trainer_backend
     from prorag.training.config import GRPOSettings, TrainerBackendSettings
-    from prorag.training.stages import grpo_rollout_function
 
     worker = bundle["worker"]
     questions = [Question.from_dict(record) for record in _read(folder / INPUTS_DIR / "questions.json")]
     index = grpo_index(worker, folder)
     trainer = GRPOSettings.model_validate(worker["trainer"], strict=False)
     choice = TrainerBackendSettings.model_validate(worker.get("backend") or {}, strict=False)
-    rollout_function = grpo_rollout_function(
+    rollout_function = build_grpo_rollouts(
         questions, index, retriever=RetrieverSpec.model_validate(worker["retriever"], strict=False),
         agent=TrainedAgentSpec.model_validate(worker["agent"], strict=False), reward=worker["reward"],
         trainer=trainer, generation_batch_size=worker["generation_batch_size"],
@@ -263,7 +263,7 @@ def run(folder: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m prorag.training.launch_worker <bundle folder>", file=sys.stderr)
+        print("usage: python -m prorag.launch_worker <bundle folder>", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO if _rank() == 0 else logging.WARNING,
                         format=f"[rank {_rank()}] %(levelname)s %(name)s: %(message)s")
