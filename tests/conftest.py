@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import re
 import shutil
@@ -10,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from prorag.data import Passage, Question, load_questions
+from prorag.retrieval import BM25Retriever, PassageStore
 from prorag.testing import ScriptedModel
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +36,20 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(previous)
 
 
+@pytest.fixture(scope="module")
+def questions() -> list[Question]:
+    """The rollout tests' questions: the first 4 of the bundled HotpotQA file."""
+    return load_questions(PROJECT_ROOT / "data" / "01_raw" / "qa" / "hotpotqa.jsonl")[:4]
+
+
+@pytest.fixture(scope="module")
+def retriever():
+    """A BM25 retriever over the first 50 passages of the bundled HotpotQA corpus (the rollout tests' world)."""
+    with (PROJECT_ROOT / "data" / "01_raw" / "corpus" / "hotpotqa.jsonl").open(encoding="utf-8") as handle:
+        passages = [Passage.from_dict(json.loads(line)) for line in itertools.islice(handle, 50)]
+    return BM25Retriever.build(PassageStore(passages))
+
+
 @pytest.fixture
 def project_root() -> Path:
     return PROJECT_ROOT
@@ -42,11 +60,16 @@ def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     """A fresh SQLite MLflow store for one test, exported as ``MLFLOW_TRACKING_URI``.
 
     MLflow keeps the tracking URI and the active experiment as process globals (a Kedro run in an earlier
-    test sets both), so they are pointed at the fresh store here and cleared afterwards.
+    test sets both), so they are pointed at the fresh store here and cleared afterwards. The experiments the
+    store creates keep their artifacts under ``tmp_path``, not in ``./mlruns`` of the working directory (MLflow's
+    default artifact root for a SQLite store): the root an MLflow server process hands its stores, which MLflow
+    reads from the environment (so a ``kedro run`` subprocess of the test gets it too).
     """
     import mlflow
+    from mlflow.tracking._tracking_service.utils import _SERVER_ARTIFACT_ROOT_ENV_VAR
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv(_SERVER_ARTIFACT_ROOT_ENV_VAR, (tmp_path / "mlartifacts").as_uri())
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     while mlflow.active_run() is not None:
         mlflow.end_run()

@@ -5,19 +5,15 @@ rollouts, and a server that is down is named before any rollout."""
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 
 import pytest
 
-from prorag.data.records import Passage, load_questions
 from prorag.judges import ReferenceJudge
 from prorag.llm.registry import BUNDLED_TINY_LLAMA, load_tokenizer
 from prorag.llm.replicas import ReplicatedGenerator, ServerDownError, shares
 from prorag.llm.server_process import free_port, start_server
 from prorag.llm.transformers_backend import TransformersGenerator
-from prorag.retrieval.bm25 import BM25Retriever
-from prorag.retrieval.store import PassageStore
 from prorag.rewards.registry import build_reward
 from prorag.rewards.scoring import RolloutScorer
 from prorag.scale.placement import PlacementError, check_placement, replica_count
@@ -32,18 +28,6 @@ from .conftest import ROOT, Captured, capturing, gpu_parameters, preset_params
 RAW = ROOT / "data" / "01_raw"
 AGENT = AgentSpec(step_budget=1, max_new_tokens_per_turn=6, max_total_new_tokens=12, few_shot=False)
 GROUP = 3
-
-
-@pytest.fixture(scope="module")
-def questions():
-    return load_questions(RAW / "qa" / "hotpotqa.jsonl")[:4]
-
-
-@pytest.fixture(scope="module")
-def retriever():
-    with (RAW / "corpus" / "hotpotqa.jsonl").open(encoding="utf-8") as handle:
-        passages = [Passage.from_dict(json.loads(line)) for line in itertools.islice(handle, 30)]
-    return BM25Retriever.build(PassageStore(passages))
 
 
 def _rollouts(questions, retriever, roots: list[str]) -> AgentRollouts:

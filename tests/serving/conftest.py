@@ -30,3 +30,4 @@ def base_url(app) -> Iterator[str]:
     url, stop = serve_in_thread(app)
     yield url
     stop()
+

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.serving.generators import WrappedGenerator
 
 from prorag.data import load_passages
 from prorag.llm.generation import Completion, SamplingParams
@@ -30,15 +31,8 @@ def client(base_url):
         yield client
 
 
-class PacedGenerator:
+class PacedGenerator(WrappedGenerator):
     """The tiny model, made to take 20 ms per sequence (a real model's cost grows with the sequences it runs)."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.tokenizer = inner.tokenizer
-        self.vocab_size = inner.vocab_size
-        self.encode = inner.encode
-        self.apply_chat_template = inner.apply_chat_template
 
     def generate(self, prompts: Sequence, params: SamplingParams) -> list[list[Completion]]:
         time.sleep(0.02 * len(prompts) * params.n)

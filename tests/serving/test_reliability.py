@@ -17,21 +17,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from tests.serving.generators import WrappedGenerator
 
 from prorag.serving import create_app, serve_in_thread
 
 PER_CALL_S = 1.5  # each generate call of the slow generator takes this long, whatever it generates
 
 
-class SlowGenerator:
+class SlowGenerator(WrappedGenerator):
     """The tiny model behind a generate call that takes PER_CALL_S (a heavy share, without burning the CPUs)."""
 
     def __init__(self, inner) -> None:
-        self.inner = inner
-        self.tokenizer = inner.tokenizer
-        self.vocab_size = inner.vocab_size
-        self.encode = inner.encode
-        self.apply_chat_template = inner.apply_chat_template
+        super().__init__(inner)
         self.calls: list[int] = []  # prompts per call
 
     def generate(self, prompts, params):
@@ -310,15 +307,11 @@ def test_the_json_limits_are_settings(tiny_generator):
 # ------------------------------------------------------------------ running generation (issue 47, bug 3 leftover)
 
 
-class Signalling:
+class Signalling(WrappedGenerator):
     """The tiny model, telling the test when a generate call starts (the ``cancelled`` check passed through)."""
 
     def __init__(self, inner) -> None:
-        self.inner = inner
-        self.tokenizer = inner.tokenizer
-        self.vocab_size = inner.vocab_size
-        self.encode = inner.encode
-        self.apply_chat_template = inner.apply_chat_template
+        super().__init__(inner)
         self.started = threading.Event()
 
     def generate(self, prompts, params, cancelled=None):

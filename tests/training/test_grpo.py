@@ -3,7 +3,6 @@ logs and MLflow, DAPO's dynamic sampling, and a run killed with SIGKILL that res
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -18,12 +17,9 @@ import pytest
 import torch
 from trl.import_utils import is_vllm_available
 
-from prorag.data.records import Passage, load_questions
 from prorag.judges import ReferenceJudge
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.llm.transformers_backend import TransformersGenerator
-from prorag.retrieval.bm25 import BM25Retriever
-from prorag.retrieval.store import PassageStore
 from prorag.rewards import hierarchical_reward
 from prorag.rewards.diagnostics import grpo_advantages, process_shaped_groups, process_signal
 from prorag.rewards.hiprag import OptimalCount
@@ -96,18 +92,6 @@ SCRIPT = textwrap.dedent("""
     _, history = train_grpo_lora(BUNDLED_TINY_LLAMA, questions, function, out, settings, callbacks=[KillAfterSave()])
     (out / "history.json").write_text(json.dumps(history))
 """)
-
-
-@pytest.fixture(scope="module")
-def questions():
-    return load_questions(RAW / "qa" / "hotpotqa.jsonl")[:4]
-
-
-@pytest.fixture(scope="module")
-def retriever():
-    with (RAW / "corpus" / "hotpotqa.jsonl").open(encoding="utf-8") as handle:
-        passages = [Passage.from_dict(json.loads(line)) for line in itertools.islice(handle, 50)]
-    return BM25Retriever.build(PassageStore(passages))
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ varied rewards and logs the TRL backend's metrics, and an interrupted run resume
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -12,10 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from prorag.data.records import Passage, load_questions
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
-from prorag.retrieval.bm25 import BM25Retriever
-from prorag.retrieval.store import PassageStore
 from prorag.rewards.registry import build_reward
 from prorag.rewards.scoring import ScoredBatch, batch_stats
 from prorag.specs import AgentSpec
@@ -45,18 +41,6 @@ class PositionScorer:
         zeros = [0.0] * len(rollouts)
         return ScoredBatch({"outcome": totals, "format": zeros, "process": zeros}, totals,
                            batch_stats(rollouts, None), None, [None] * len(rollouts))
-
-
-@pytest.fixture(scope="module")
-def questions():
-    return load_questions(RAW / "qa" / "hotpotqa.jsonl")[:4]
-
-
-@pytest.fixture(scope="module")
-def retriever():
-    with (RAW / "corpus" / "hotpotqa.jsonl").open(encoding="utf-8") as handle:
-        passages = [Passage.from_dict(json.loads(line)) for line in itertools.islice(handle, 50)]
-    return BM25Retriever.build(PassageStore(passages))
 
 
 def _two_completions(tokenizer) -> _Generation:
