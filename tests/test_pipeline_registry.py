@@ -342,7 +342,7 @@ def test_a_methods_entry_is_a_training_pipeline(monkeypatch, tmp_path):
 def test_reasonrag_stage_pipelines_run_alone_explore_with_and_continue_the_recipe_s_cold_start(pipelines):
     """``reasonrag_data`` and ``dpo`` alone do what ``train_reasonrag`` does with them (recipe sft_mcts_dpo): the
     MCTS explores with the cold-start adapter and DPO continues it (the base SmolLM2 alone finds no pair)."""
-    from prorag.pipeline_registry import cold_start_adapter
+    from prorag.recipes.mcts_dpo import cold_start_adapter
 
     for stage in ("reasonrag_data", "dpo"):
         assert "reasonrag_sft_adapter" in pipelines[stage].inputs(), stage
@@ -378,3 +378,32 @@ def test_conf_is_read_once_for_the_validation_hook_and_the_pipelines(monkeypatch
     (tmp_path / "conf" / "local" / "parameters_methods.yml").write_text(
         "methods:\n  extra:\n    recipe: rl_from_sft\n    adapter: extra_adapter\n", encoding="utf-8")
     assert "extra" in config_loader.configured_methods(tmp_path) and len(reads) == 2
+
+
+def test_a_recipe_s_own_stages_run_alone_train_the_first_method_with_it_whatever_its_name(monkeypatch, tmp_path):
+    """The stage pipelines of a recipe's own loop (``Recipe.own_stages``) belong to the first method with that
+    recipe, not to a method named ``reasonrag`` or ``tearag``: renamed, ReasonRAG's ``reasonrag_data`` still
+    explores with its cold start and reads its parameters, and TeaRAG's top-level block gets its agent."""
+    import shutil
+
+    import yaml
+
+    from prorag import pipeline_registry
+    from prorag.config_loader import CONFIG_LOADER_ARGS, ProjectConfigLoader
+
+    shutil.copytree(Path(__file__).resolve().parents[1] / "conf", tmp_path / "conf")
+    methods_file = tmp_path / "conf" / "base" / "parameters_methods.yml"
+    conf = yaml.safe_load(methods_file.read_text())
+    renamed = {("my_mcts" if name == "reasonrag" else "my_tea" if name == "tearag" else name): entry
+               for name, entry in conf["methods"].items()}
+    renamed["my_tea"]["agent"] = {**renamed["my_tea"].get("agent", {}), "step_budget": 2}
+    methods_file.write_text(yaml.safe_dump({**conf, "methods": renamed}))
+    methods = pipeline_registry.configured_methods(tmp_path)
+    monkeypatch.setattr(pipeline_registry, "configured_methods", lambda: methods)
+    pipelines = pipeline_registry.register_pipelines()
+    assert "my_mcts_sft_adapter" in pipelines["reasonrag_data"].inputs()
+    mcts = next(node for node in pipelines["reasonrag_data"].nodes if node.name.endswith("run_reasonrag_mcts"))
+    assert "params:methods.my_mcts.value" in mcts.inputs
+    assert any("params:methods.my_tea." in name for name in pipelines["tearag"].inputs())
+    loader = ProjectConfigLoader(str(tmp_path / "conf"), **CONFIG_LOADER_ARGS)
+    assert loader["parameters"]["tearag"]["agent"]["step_budget"] == 2  # the top-level block: my_tea's agent

@@ -43,8 +43,6 @@ COMPUTE_BLOCKS: Final[dict[str, tuple[str, ...]]] = {
 RETRIEVER_BLOCKS: Final = ("rollout", "sft_synthesis", "rl", "reasonrag_data", "compare", "tearag")
 """Stage blocks that retrieve: a block that sets no ``retriever`` gets the shared one (standalone runs) or its
 method's (``stages`` of a resolved entry)."""
-AGENT_BLOCKS: Final = ("tearag",)
-"""Stage blocks that carry the agent they train (TeaRAG's block): it is the method's ``agent``."""
 
 KNOWLEDGE_GRAPH: Final = "knowledge_graph"
 """The dataset the ``kag`` retrievers need (``kedro run --pipelines=kg_extraction``)."""
@@ -53,9 +51,15 @@ EVALUATION_SAMPLING: Final[dict[str, str]] = {"tearag": "evaluation_sampling"}
 """Blocks that evaluate with the rollout's sampling (``rollout.temperature``, ``top_p``, ``seed``), as ``compare``
 does, unless they set their own."""
 
-STAGE_OWNERS: Final[dict[str, str]] = {"tearag": "tearag"}
-"""Top-level stage blocks whose agent and retriever are a method's (the standalone ``tearag`` pipeline trains
-that method)."""
+def stage_owners(methods: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """Each stage of a recipe's own loop (:attr:`~prorag.recipes.Recipe.own_stages`) -> the first method of
+    ``methods`` whose recipe it is: the method its pipeline run alone trains."""
+    owners: dict[str, str] = {}
+    for name, method in methods.items():
+        if isinstance(method, Mapping) and method.get("recipe"):
+            for stage in get_recipe(method["recipe"]).own_stages:
+                owners.setdefault(stage, name)
+    return owners
 
 
 class MethodEntry(StrictModel):
@@ -130,8 +134,8 @@ def resolve_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
         methods[name] = _resolve_entry(entry, resolved)
     if "methods" in resolved:
         resolved["methods"] = methods
-    for block, owner in STAGE_OWNERS.items():
-        if owner in methods and isinstance(resolved.get(block), Mapping):
+    for block, owner in stage_owners(methods).items():
+        if isinstance(resolved.get(block), Mapping):
             resolved[block] = _with_method(block, resolved[block], methods[owner])
     for block in RETRIEVER_BLOCKS:
         values = resolved.get(block)
@@ -191,7 +195,7 @@ def _with_method(block: str, values: Mapping[str, Any], method: Mapping[str, Any
     values = dict(values)
     if block in RETRIEVER_BLOCKS and "retriever" not in explicit:
         values["retriever"] = _retriever_for(block, method["retriever"])
-    if block in AGENT_BLOCKS and "agent" not in explicit:
+    if block in get_recipe(method["recipe"]).agent_stages and "agent" not in explicit:
         values["agent"] = copy.deepcopy(method["agent"])
     return values
 

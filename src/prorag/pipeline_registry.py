@@ -23,7 +23,7 @@ from typing import Any
 from kedro.pipeline import Node, Pipeline, pipeline
 
 from prorag.config_loader import configured_methods
-from prorag.methods import compare_artifacts
+from prorag.methods import compare_artifacts, stage_owners
 from prorag.pipelines import (
     compare,
     corpus_indexing,
@@ -42,7 +42,6 @@ from prorag.pipelines import (
 )
 from prorag.pipelines.rollout.nodes import TRAINED_AGENT_STAGES, run_latest_policy_rollouts
 from prorag.recipes import get_recipe
-from prorag.recipes.mcts_dpo import cold_start_adapter
 from prorag.recipes.stages import POLICY_TRAJECTORIES, StagePipelines, concat
 
 
@@ -96,15 +95,11 @@ def register_pipelines() -> dict[str, Pipeline]:
         "compare": compare.create_pipeline(judging=reward_judging.create_pipeline(),
                                            artifacts=compare_artifacts(methods)),
     }
-    # the stage pipelines of a method with its own agent read that method's parameters when run alone, and
-    # ReasonRAG's explore with and continue its recipe's cold start (sft_mcts_dpo: the <name>_sft_adapter that
-    # train_<name> saves; the base SmolLM2 alone finds no pair, so dpo would have nothing to train on)
-    if "reasonrag" in methods and (cold := cold_start_adapter("reasonrag", methods["reasonrag"])) is not None:
-        pipelines["reasonrag_data"] = reasonrag_data.create_pipeline(explorer_adapter=cold)
-        pipelines["dpo"] = dpo.create_pipeline(init_adapter=cold)
-    for stage, owner in (("reasonrag_data", "reasonrag"), ("dpo", "reasonrag"), ("tearag", "tearag")):
-        if owner in methods:
-            pipelines[stage] = for_method(owner, methods[owner], pipelines[stage])
+    # the stages of a recipe's own loop, run alone, train the first method with that recipe, as the recipe runs
+    # them alone (ReasonRAG's explore with and continue its cold start), with that method's parameters
+    for stage, owner in stage_owners(methods).items():
+        own = get_recipe(methods[owner]["recipe"]).standalone(owner, methods[owner])
+        pipelines[stage] = for_method(owner, methods[owner], own.get(stage, pipelines[stage]))
     pipelines["index"] = pipelines["data_preparation"] + pipelines["corpus_indexing"]
     recipes = StagePipelines(pipelines)
     for name, method in methods.items():

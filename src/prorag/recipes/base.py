@@ -22,6 +22,13 @@ if TYPE_CHECKING:
 
 Build = Callable[["StagePipelines", str, Mapping[str, Any]], "Pipeline"]
 """``build(stages, name, method)``: method ``name``'s training pipeline from its resolved entry ``method``."""
+Standalone = Callable[[str, Mapping[str, Any]], "Mapping[str, Pipeline]"]
+"""``standalone(name, method)``: the recipe's own versions of its :attr:`Recipe.own_stages` pipelines for method
+``name`` run alone (a stage it returns nothing for stays the registered one)."""
+
+
+def _registered(name: str, method: Mapping[str, Any]) -> Mapping[str, Pipeline]:
+    return {}
 
 
 @dataclass(frozen=True)
@@ -35,3 +42,12 @@ class Recipe:
     adapters: tuple[str, ...] = ()
     """Adapters it trains besides its method's ``adapter`` that ``compare`` evaluates (HiPRAG's SFT stage)."""
     description: str = ""
+    own_stages: tuple[str, ...] = ()
+    """Stages of its own loop, registered as pipelines of the same name (``reasonrag_data``, ``tearag``): run
+    alone, such a pipeline trains the first method of the ``methods`` map with this recipe, with that method's
+    parameters (its top-level block is resolved with the method's retriever, and agent: :attr:`agent_stages`)."""
+    agent_stages: tuple[str, ...] = ()
+    """Stage blocks that carry the agent they train (TeaRAG's ``tearag``): the method's ``agent``, unless the
+    entry's own stage override sets one."""
+    standalone: Standalone = _registered
+    """The own stages' pipelines as this recipe runs them alone (:data:`Standalone`; ReasonRAG's cold start)."""

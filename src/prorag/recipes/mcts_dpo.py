@@ -38,6 +38,19 @@ def build_mcts_dpo(stages: StagePipelines, name: str, method: Mapping[str, Any])
     return renamed(built, {"dpo_adapter": method["adapter"]})
 
 
-MCTS_DPO = Recipe(("reasonrag_data", "dpo"), build_mcts_dpo, description="ReasonRAG: MCTS + SPRE pairs -> DPO")
+def standalone_mcts_dpo(name: str, method: Mapping[str, Any]) -> dict[str, Pipeline]:
+    """``reasonrag_data`` and ``dpo`` run alone explore with and continue the method's cold start, the
+    ``<name>_sft_adapter`` that ``train_<name>`` saves (the base SmolLM2 alone finds no pair, so dpo would have
+    nothing to train on); without a cold start, the registered ones."""
+    cold = cold_start_adapter(name, method)
+    if cold is None:
+        return {}
+    return {"reasonrag_data": reasonrag_data.create_pipeline(explorer_adapter=cold),
+            "dpo": dpo.create_pipeline(init_adapter=cold)}
+
+
+MCTS_DPO = Recipe(("reasonrag_data", "dpo"), build_mcts_dpo, description="ReasonRAG: MCTS + SPRE pairs -> DPO",
+                  own_stages=("reasonrag_data", "dpo"), standalone=standalone_mcts_dpo)
 SFT_MCTS_DPO = Recipe(("sft_synthesis", "sft", "reasonrag_data", "dpo"), build_mcts_dpo,
-                      description="ReasonRAG with a cold-start SFT explorer that DPO continues")
+                      description="ReasonRAG with a cold-start SFT explorer that DPO continues",
+                      own_stages=("reasonrag_data", "dpo"), standalone=standalone_mcts_dpo)

@@ -24,4 +24,5 @@ def build_tearag(stages: StagePipelines, name: str, method: Mapping[str, Any]) -
     return renamed(built, {"tearag_adapter": method["adapter"]})
 
 
-TEARAG = Recipe(("tearag",), build_tearag, description="TeaRAG: SFT -> IP-DPO rounds (its own block)")
+TEARAG = Recipe(("tearag",), build_tearag, description="TeaRAG: SFT -> IP-DPO rounds (its own block)",
+                own_stages=("tearag",), agent_stages=("tearag",))
