@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -75,6 +75,10 @@ TINY: dict[str, Any] = {
     "tearag.ip_dpo.trainer.max_steps": 1,
 }
 """The tiny slices, as ``kedro run --params`` overrides a user could pass (every key exists in conf/base)."""
+
+
+SEARCH_LIMIT = 20_000
+"""Orders :func:`run_order` tries before it gives up on one whose every run passes the lineage check."""
 
 
 class PipelineLike(Protocol):
@@ -142,12 +146,13 @@ def run_order(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] 
     pipelines (``train_*``) rewrite ``questions``, ``evaluated_questions`` and the index on the way, so a stage
     pipeline that reads an artifact of one run and a dataset of a later run fails: ``rl`` after ``train_rl`` rewrote
     ``evaluated_questions``, ``tearag`` with a ``knowledge_graph`` extracted before ``train_hiprag`` rewrote
-    ``questions``. The order simulates those versions and lineages. Among the pipelines ready to run, it takes the
-    first in registry order whose loads would belong together and that leaves every other such ready pipeline able
-    to run; failing that, the first whose loads belong together; failing that, the first ready one (its run will
-    say why). ``versioned`` names the versioned datasets (None: every dataset a pipeline writes). A need that only
-    a pipeline waiting on the reader writes is an error naming it."""
-    from prorag.hooks.run_versions import optional_inputs
+    ``questions``. The order simulates those versions and lineages, and is searched depth first: at each step the
+    ready pipelines whose loads would belong together, in registry order, those that leave every other such ready
+    pipeline able to run first; a step where none can run backtracks. When no order passes (or
+    :data:`SEARCH_LIMIT` orders were tried), each step takes the first such pipeline, or the first ready one (its
+    run will say why). ``versioned`` names the versioned datasets (None: every dataset a pipeline writes). A need
+    that only a pipeline waiting on the reader writes is an error naming it."""
+    from prorag.hooks.run_versions import made_from, optional_inputs
     from prorag.tracking.run_manifest import lineage_conflicts
 
     names = list(pipelines)
@@ -156,51 +161,84 @@ def run_order(pipelines: Mapping[str, PipelineLike], versioned: Collection[str] 
     produced = set().union(*writes.values())
     tracked = produced if versioned is None else produced & set(versioned)
     optional = {name: optional_inputs(pipelines[name]) for name in names}  # type: ignore[arg-type]
-    upstream = {name: {dataset: pipelines[name].to_outputs(dataset).inputs() for dataset in writes[name] & tracked}
-                for name in names}
-    version: dict[str, int] = {}
-    lineage: dict[str, dict[str, int]] = {}
+    upstream = {name: {dataset: made_from(pipelines[name], dataset)  # type: ignore[arg-type]
+                       for dataset in writes[name] & tracked} for name in names}
+    # each dataset's version (the pipeline that wrote it: each runs once), and what that version was made from
+    State = tuple[dict[str, str], dict[str, dict[str, str]]]
 
-    def loads(name: str) -> list[str]:
-        return sorted(dataset for dataset in wanted[name] & tracked if dataset in version)
+    def loads(name: str, state: Mapping[str, str]) -> list[str]:
+        return sorted(dataset for dataset in wanted[name] & tracked if dataset in state)
 
-    def belongs_together(name: str, state: Mapping[str, int], lines: Mapping[str, Mapping[str, int]]) -> bool:
-        required = (dataset for dataset in loads(name) if dataset not in optional[name])
+    def belongs_together(name: str, now: State) -> bool:
+        state, lines = now
+        required = (dataset for dataset in loads(name, state) if dataset not in optional[name])
         # a dataset's own version comes first, as in RunManifests.lineage
         conflicts = lineage_conflicts({dataset: {**lines[dataset], dataset: state[dataset]} for dataset in required})
         return next(conflicts, None) is None
 
-    def after(name: str, run: int) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-        state, lines = dict(version), dict(lineage)
-        for dataset in writes[name] & tracked:
-            loaded: dict[str, int] = {}
-            for source in upstream[name][dataset] & set(loads(name)):  # as the run's manifest records it
-                loaded.update({**lineage[source], source: version[source]})
-            state[dataset], lines[dataset] = run, loaded
+    def after(name: str, now: State) -> State:
+        state, lines = dict(now[0]), dict(now[1])
+        loaded = set(loads(name, now[0]))
+        for dataset in writes[name] & tracked:  # as the run's manifest records it
+            made_of: dict[str, str] = dict.fromkeys(upstream[name][dataset] & writes[name] & tracked, name)
+            for source in upstream[name][dataset] & loaded:
+                made_of.update({**now[1][source], source: now[0][source]})
+            state[dataset], lines[dataset] = name, made_of
         return state, lines
 
-    def keeps_runnable(name: str, runnable: Sequence[str], run: int) -> bool:  # the other runnable ones, after it
-        state, lines = after(name, run)
-        return all(belongs_together(other, state, lines) for other in runnable if other != name)
+    def ready(order: Sequence[str]) -> list[str]:
+        written = set().union(*(writes[name] for name in order))
+        return [name for name in names if name not in order and wanted[name] & produced <= written]
 
+    def preferred(order: Sequence[str], now: State) -> list[str]:
+        """The ready pipelines whose loads belong together, those that leave the other such ones runnable first."""
+        runnable = [name for name in ready(order) if belongs_together(name, now)]
+        keeps = [name for name in runnable if all(belongs_together(other, after(name, now))
+                                                  for other in runnable if other != name)]
+        return keeps + [name for name in runnable if name not in keeps]
+
+    expansions = 0
+    dead_ends: set[Hashable] = set()  # (pipelines run, state) from which no order passes
+
+    def search(order: list[str], now: State) -> list[str] | None:  # depth first, in the preferred order
+        nonlocal expansions
+        if len(order) == len(names):
+            return order
+        key = (frozenset(order), tuple(sorted((dataset, writer, tuple(sorted(now[1][dataset].items())))
+                                              for dataset, writer in now[0].items())))
+        if key in dead_ends:
+            return None
+        for chosen in preferred(order, now):
+            expansions += 1
+            if expansions > SEARCH_LIMIT:
+                return None
+            found = search([*order, chosen], after(chosen, now))
+            if found is not None:
+                return found
+        dead_ends.add(key)
+        return None
+
+    found = search([], ({}, {}))
+    if found is not None:
+        return found
+    # no order passes the lineage check (or the search gave up): the preferred choice at each step, and the first
+    # ready pipeline where none belongs together (its run will say why)
     order: list[str] = []
-    written: set[str] = set()
+    now: State = ({}, {})
     while len(order) < len(names):
-        ready = [name for name in names if name not in order and wanted[name] & produced <= written]
-        if not ready:
+        candidates = ready(order)
+        if not candidates:
+            written = set().union(*(writes[name] for name in order))
             unmet = {name: sorted(wanted[name] & produced - written) for name in names if name not in order}
             raise SystemExit("no pipeline can run next: " + "; ".join(
                 f"{name} needs {', '.join(datasets)}, which no pipeline before it writes"
                 for name, datasets in unmet.items()))
-        runnable = [name for name in ready if belongs_together(name, version, lineage)]
-        chosen = next((name for name in runnable if keeps_runnable(name, runnable, len(order))),
-                      runnable[0] if runnable else ready[0])
-        if chosen not in runnable:
+        chosen = next(iter(preferred(order, now)), candidates[0])
+        if not belongs_together(chosen, now):
             print(f"{chosen}: no order found in which its inputs come from runs that belong together; "
                   "its run will fail the lineage check", file=sys.stderr)
-        version, lineage = after(chosen, len(order))
+        now = after(chosen, now)
         order.append(chosen)
-        written |= writes[chosen]
     return order
 
 

@@ -121,13 +121,30 @@ def test_a_selection_must_write_what_its_pipelines_need_but_optional_inputs():
         every.select(pipelines, ["nope"])
 
 
-def test_the_ci_selection_runs_on_its_own(project):
-    """.ci/run's selection: every need is written by a chosen pipeline, and the order passes the lineage check."""
+def test_the_ci_selection_and_the_whole_registry_run_in_an_order_whose_runs_belong_together(project, capsys):
+    """.ci/run's selection: every need is written by a chosen pipeline, and an order passes the lineage check (at
+    f5be23d none did: ``tearag`` read a knowledge graph of an index that ``index`` had since rewritten)."""
     pipelines, _, versioned = project
     listed = (ROOT / ".ci" / "run").read_text(encoding="utf-8").split("CI_PIPELINES=(", 1)[1].split(")", 1)[0]
     chosen = every.select(pipelines, listed.split())
     order, _ = every.plan(chosen, versioned)
     assert sorted(order) == sorted(set(listed.split()))
+    every.plan(pipelines, versioned)
+    assert "no order found" not in capsys.readouterr().err
+
+
+def test_an_order_is_searched_when_the_preferred_first_step_leads_nowhere(capsys):
+    # `kg` is ready first and runs first by preference; then `train` rewrites questions and writes evaluated, and
+    # `stage` reads a graph of the old questions with evaluated of the new ones: only train, kg, stage passes
+    pipelines = {
+        "prep": _pipe((["raw"], "questions")),
+        "kg": _pipe((["questions"], "graph")),
+        "train": _pipe((["raw"], "questions"), (["questions"], "evaluated")),
+        "stage": _pipe((["graph", "evaluated"], "adapter")),
+    }
+    order = every.run_order(pipelines)
+    assert order.index("train") < order.index("kg") < order.index("stage")
+    assert "no order found" not in capsys.readouterr().err
 
 
 def test_compare_runs_after_the_pipelines_that_write_the_adapters_it_reads():

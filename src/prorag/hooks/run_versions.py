@@ -124,11 +124,20 @@ class RunVersionHook:
         self._manifest = None
 
 
+def made_from(pipeline: Pipeline, dataset: str) -> set[str]:
+    """The datasets ``dataset`` is computed from in a run of ``pipeline``: the free inputs of the nodes upstream of
+    it and what those nodes write on the way (``questions`` before ``evaluated_questions``), not what its own node
+    writes beside it."""
+    part = pipeline.to_outputs(dataset)
+    beside = {output for node in part.nodes if dataset in node.outputs for output in node.outputs}
+    return part.inputs() | (part.all_outputs() - beside)
+
+
 def derived_from(pipeline: Pipeline, loaded: Collection[str]) -> dict[str, list[str]]:
-    """Each dataset ``pipeline`` writes -> the ``loaded`` datasets upstream of it (the free inputs of the nodes it
-    is computed from): its lineage, where the run's other branches play no part."""
-    return {output: sorted(pipeline.to_outputs(output).inputs() & set(loaded))
-            for output in sorted(pipeline.all_outputs())}
+    """Each dataset ``pipeline`` writes -> the datasets it is made from (:func:`made_from`) that the run loads
+    (``loaded``) or writes: its lineage, where the run's other branches play no part."""
+    outputs = pipeline.all_outputs()
+    return {output: sorted(made_from(pipeline, output) & (set(loaded) | outputs)) for output in sorted(outputs)}
 
 
 def refuse_pinned_outputs(pins: Mapping[str, str], pipeline: Pipeline) -> None:

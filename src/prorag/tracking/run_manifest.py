@@ -46,9 +46,9 @@ class RunVersionError(UserError, RuntimeError):
 class RunManifest:
     """One run: its status, the pipelines it ran, and the versions of the versioned datasets it loaded and saved.
 
-    ``sources`` maps each dataset the run writes to the loaded datasets it derives from (its upstream inputs in the
-    run's pipeline); a dataset missing there (a manifest written before ``sources`` existed) derives from all of
-    ``loaded``."""
+    ``sources`` maps each dataset the run writes to the datasets it derives from in the run's pipeline: the inputs
+    upstream of it, and the datasets the run writes on the way to it; a dataset missing there (a manifest written
+    before ``sources`` existed) derives from all of ``loaded``."""
 
     run_id: str
     status: Status = "running"
@@ -63,10 +63,12 @@ class RunManifest:
 
 
     def upstream(self, dataset: str) -> dict[str, str]:
-        """The versions this run loaded that ``dataset`` derives from (all it loaded when ``sources`` is silent)."""
+        """The versions this run loaded or saved that ``dataset`` derives from (all it loaded when ``sources`` is
+        silent)."""
         if dataset not in self.sources:
             return dict(self.loaded)
-        return {name: self.loaded[name] for name in self.sources[dataset] if name in self.loaded}
+        versions = {**self.saved, **self.loaded}
+        return {name: versions[name] for name in self.sources[dataset] if name in versions}
 
 
 class RunManifests:
