@@ -177,18 +177,24 @@ def _kedro_rows(args: argparse.Namespace, console: Any) -> list[Any]:
                 if completed.returncode != 0:
                     raise RuntimeError(f"{' '.join(command)} exited {completed.returncode}; its log:\n"
                                        + log.read_text(encoding="utf-8")[-4000:])
+                adapter = _latest_adapter(project, adapter_name)
                 measured[processes] = {"wall": wall, "node": _node_seconds(project, node), "load": load,
-                                       **_stage_run(uri, node.split(".")[0]),
-                                       "generated": _generates(args.model, _latest_adapter(project, adapter_name))}
+                                       **_stage_run(uri, node.split(".")[0]), "adapter": adapter,
+                                       "generated": _generates(args.model, adapter)}
             base = measured[1]["node"] if 1 in measured else float("nan")
             for processes, found in measured.items():
-                losses = ", ".join(f"{loss:.4f}" for loss in found["losses"])
+                per_step = "; ".join(f"{key} per step {', '.join(f'{value:.4f}' for value in found[key])}"
+                                     for key in ("losses", "grad_norms", "rewards") if found[key])
+                same = ""
+                if processes > 1 and 1 in measured:
+                    difference = _weight_difference(measured[1]["adapter"], found["adapter"])
+                    same = f"; LoRA weights vs 1 process: {difference}"
                 rows.append(Row(section, f"{processes} process{'es' if processes > 1 else ''} (world "
                                 f"{found['world_size']}, {found['backend']})", args.steps * global_batch, unit,
                                 found["node"], f"{base / found['node']:.2f}x",
                                 f"train_runtime {found['train_runtime']:.1f} s; kedro run {found['wall']:.0f} s; "
                                 f"load average at start {found['load']:.1f}; "
-                                f"steps {found['steps']}; loss per step {losses}; adapter loads and generates "
+                                f"steps {found['steps']}; {per_step}{same}; adapter loads and generates "
                                 f"{found['generated']!r}"))
     return rows
 
@@ -240,7 +246,25 @@ def _stage_run(uri: str, stage: str) -> dict[str, Any]:
     history = result["log_history"]
     return {"world_size": int(run.data.params["distributed.world_size"]),
             "backend": run.data.params["distributed.backend"], "train_runtime": _runtime(history),
-            "steps": result["global_step"], "losses": [float(entry["loss"]) for entry in history if "loss" in entry]}
+            "steps": result["global_step"], "losses": [float(entry["loss"]) for entry in history if "loss" in entry],
+            "grad_norms": [float(entry["grad_norm"]) for entry in history if "grad_norm" in entry],
+            "rewards": [float(entry["reward"]) for entry in history if "reward" in entry]}
+
+
+def _weight_difference(first: Path, second: Path) -> str:
+    """How far two trained LoRA adapters are apart: the largest absolute difference of a weight, and the norm of
+    the difference over the norm of the first adapter's weights. GRPO's loss is 0 on-policy whatever the batch
+    (the group-normalized advantages average to 0), so equal losses say nothing; equal weights do."""
+    import torch
+    from safetensors.torch import load_file
+
+    one, two = (load_file(str(folder / "adapter_model.safetensors")) for folder in (first, second))
+    if one.keys() != two.keys():
+        return f"different tensors ({len(one)} vs {len(two)})"
+    largest = max(float((one[key] - two[key]).abs().max()) for key in one)
+    relative = float(torch.sqrt(sum(((one[key] - two[key]).float() ** 2).sum() for key in one))
+                     / torch.sqrt(sum((one[key].float() ** 2).sum() for key in one)))
+    return f"max |difference| {largest:.2e}, relative {relative:.2e}"
 
 
 def _latest_adapter(project: Path, name: str) -> Path:
