@@ -10,8 +10,8 @@ end: the next run on the same host marks it ``killed`` when its process is gone 
 :func:`choose_load_versions` picks, for each versioned input, the newest version whose run *completed* (a version
 without any manifest, written before manifests existed, counts as completed), instead of Kedro's newest version
 on disk, which may come from a run that failed halfway (its first outputs saved, the rest not). It then checks
-that the chosen versions belong together: the *lineage* of a version is what its run loaded upstream of it
-(``sources``: the inputs the dataset derives from in the run's pipeline; a run that wrote ``index_questions`` from
+that the chosen versions belong together: the *lineage* of a version is what its run loaded or wrote upstream of
+it (``sources``: what the dataset derives from in the run's pipeline; a run that wrote ``index_questions`` from
 the raw question files and, in another branch, judged old ``trajectories``, gives ``index_questions`` no
 trajectories in its lineage), recursively; two inputs whose lineages name different versions of the same dataset
 (e.g. trajectories rolled out over the index of one run, and ``index_questions`` of a later run) fail the run with
@@ -60,7 +60,6 @@ class RunManifest:
     sources: dict[str, list[str]] = field(default_factory=dict)
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
-
 
     def upstream(self, dataset: str) -> dict[str, str]:
         """The versions this run loaded or saved that ``dataset`` derives from (all it loaded when ``sources`` is
