@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=SMOLLM2, help="--kedro: the policy model (default SmolLM2-135M-Instruct)")
     parser.add_argument("--pipelines", default="train_sft,rl,dpo", help="--kedro: which of train_sft, rl, dpo")
     parser.add_argument("--timeout", type=float, default=600.0, help="--kedro: seconds per kedro run (default 600)")
+    parser.add_argument("--rl-start-adapter", type=Path, default=None,
+                        help="--kedro: GRPO starts from this SFT adapter folder (e.g. make train's) instead of the "
+                             "benchmark's 2-step one, so that its groups' rewards differ and the comparison trains")
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 220)
     if args.kedro:
@@ -151,6 +154,8 @@ def _kedro_rows(args: argparse.Namespace, console: Any) -> list[Any]:
         uri = f"sqlite:///{project / 'mlflow.db'}"
         env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1", "MLFLOW_TRACKING_URI": uri}
         for pipeline, node, adapter_name, steps_key, batch_key, global_batch, unit in wanted:
+            if pipeline == "rl" and args.rl_start_adapter is not None:
+                _newest_version(args.rl_start_adapter, project, "sft_adapter")
             section = (f"kedro run --pipelines={pipeline}, {args.model}, {args.steps} steps, {global_batch} {unit}"
                        "/step (global), 1 torch thread/process, checkpoint every step, CPU")
             measured: dict[int, dict[str, Any]] = {}
@@ -228,6 +233,15 @@ def _project_copy(scratch: Path) -> Path:
                     "rejected": f"So the answer is <answer>{wrong}</answer>"}) + "\n"
         for question, right, wrong in PAIRS), encoding="utf-8")
     return root
+
+
+def _newest_version(adapter: Path, project: Path, name: str) -> None:
+    """``adapter`` saved as the newest version of the dataset ``name`` (a version without a run manifest: it carries
+    no lineage, so the run that loads it passes the lineage check)."""
+    import shutil
+
+    target = project / "data" / "06_models" / name / "9999-01-01T00.00.00.000Z" / name
+    shutil.copytree(adapter, target, dirs_exist_ok=True)
 
 
 def _cold_start_from(adapter: Path, project: Path) -> None:
