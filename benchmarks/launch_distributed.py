@@ -155,7 +155,7 @@ def _kedro_rows(args: argparse.Namespace, console: Any) -> list[Any]:
         env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1", "MLFLOW_TRACKING_URI": uri}
         for pipeline, node, adapter_name, steps_key, batch_key, global_batch, unit in wanted:
             if pipeline == "rl" and args.rl_start_adapter is not None:
-                _newest_version(args.rl_start_adapter, project, "sft_adapter")
+                _save_version(args.rl_start_adapter, project, "sft_adapter", "9999-01-01T00.00.00.000Z")  # newest
             section = (f"kedro run --pipelines={pipeline}, {args.model}, {args.steps} steps, {global_batch} {unit}"
                        "/step (global), 1 torch thread/process, checkpoint every step, CPU")
             measured: dict[int, dict[str, Any]] = {}
@@ -189,8 +189,9 @@ def _kedro_rows(args: argparse.Namespace, console: Any) -> list[Any]:
                 measured[processes] = {"wall": wall, "node": _node_seconds(project, node), "load": load,
                                        **_stage_run(uri, node.split(".")[0]), "adapter": adapter,
                                        "generated": _generates(args.model, adapter)}
-            if pipeline == "train_sft" and measured:
-                _cold_start_from(_latest_adapter(project, adapter_name), project)
+            if pipeline == "train_sft" and measured:  # run alone, dpo continues ReasonRAG's cold start
+                _save_version(_latest_adapter(project, adapter_name), project, "reasonrag_sft_adapter",
+                              "2026-01-01T00.00.00.000Z")
             base = measured[1]["node"] if 1 in measured else float("nan")
             for processes, found in measured.items():
                 per_step = "; ".join(f"{key} per step {', '.join(f'{value:.4f}' for value in found[key])}"
@@ -235,22 +236,12 @@ def _project_copy(scratch: Path) -> Path:
     return root
 
 
-def _newest_version(adapter: Path, project: Path, name: str) -> None:
-    """``adapter`` saved as the newest version of the dataset ``name`` (a version without a run manifest: it carries
-    no lineage, so the run that loads it passes the lineage check)."""
+def _save_version(adapter: Path, project: Path, name: str, version: str) -> None:
+    """``adapter`` saved as ``version`` of the directory dataset ``name`` (with no run manifest, it carries no
+    lineage, so the run that loads it passes the lineage check)."""
     import shutil
 
-    target = project / "data" / "06_models" / name / "9999-01-01T00.00.00.000Z" / name
-    shutil.copytree(adapter, target, dirs_exist_ok=True)
-
-
-def _cold_start_from(adapter: Path, project: Path) -> None:
-    """``adapter`` saved as a ``reasonrag_sft_adapter`` version: run alone, ``dpo`` continues ReasonRAG's cold start
-    (recipe ``sft_mcts_dpo``), which ``train_reasonrag`` would train; the benchmark times DPO, not that SFT."""
-    import shutil
-
-    target = project / "data" / "06_models" / "reasonrag_sft_adapter" / "2026-01-01T00.00.00.000Z"
-    shutil.copytree(adapter, target / "reasonrag_sft_adapter", dirs_exist_ok=True)
+    shutil.copytree(adapter, project / "data" / "06_models" / name / version / name, dirs_exist_ok=True)
 
 
 def _node_seconds(project: Path, node: str) -> float:
@@ -289,8 +280,9 @@ def _weight_difference(first: Path, second: Path) -> str:
     one, two = (load_file(str(folder / "adapter_model.safetensors")) for folder in (first, second))
     if one.keys() != two.keys():
         return f"different tensors ({len(one)} vs {len(two)})"
-    largest = max(float((one[key] - two[key]).abs().max()) for key in one)
-    relative = float(torch.sqrt(sum(((one[key] - two[key]).float() ** 2).sum() for key in one))
+    differences = [(one[key] - two[key]).float() for key in one]
+    largest = max(float(difference.abs().max()) for difference in differences)
+    relative = float(torch.sqrt(sum((difference ** 2).sum() for difference in differences))
                      / torch.sqrt(sum((one[key].float() ** 2).sum() for key in one)))
     return f"max |difference| {largest:.2e}, relative {relative:.2e}"
 
