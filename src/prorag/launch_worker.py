@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prorag.training.launch import (
     BUNDLE_FILE,
@@ -132,14 +132,27 @@ class _MlflowRun:
             mlflow.end_run()
 
 
+if TYPE_CHECKING:
+    from prorag.training.config import SFTSettings
+    from prorag.training.dpo import DPOTrainingConfig
+
+Settings = TypeVar("Settings", "SFTSettings", "DPOTrainingConfig")
+"""A trainer's settings with a ``save_steps``."""
+
+
+def _checkpointed(settings: Settings, bundle: dict[str, Any]) -> Settings:
+    """``settings`` saving a checkpoint every ``launch.checkpoint_steps`` unless they set their own ``save_steps``."""
+    if settings.save_steps is None:
+        return settings.model_copy(update={"save_steps": bundle["launch"]["checkpoint_steps"]})
+    return settings
+
+
 def _stage_sft(bundle: dict[str, Any], folder: Path, callbacks: list[Any]) -> tuple[Path, list[dict[str, Any]]]:
     from prorag.training.config import SFTSettings
     from prorag.training.sft import train_sft_lora
 
     worker = bundle["worker"]
-    settings = SFTSettings.model_validate(worker["settings"], strict=False)
-    if settings.save_steps is None:
-        settings = settings.model_copy(update={"save_steps": bundle["launch"]["checkpoint_steps"]})
+    settings = _checkpointed(SFTSettings.model_validate(worker["settings"], strict=False), bundle)
     examples = _read(folder / INPUTS_DIR / "examples.json")
     return train_sft_lora(worker["model"], examples, folder / RUN_DIR, settings, callbacks=callbacks)
 
@@ -148,9 +161,7 @@ def _stage_dpo(bundle: dict[str, Any], folder: Path, callbacks: list[Any]) -> tu
     from prorag.training.dpo import DPOTrainingConfig, train_dpo_lora
 
     worker = bundle["worker"]
-    config = DPOTrainingConfig.model_validate(worker["settings"], strict=False)
-    if config.save_steps is None:
-        config = config.model_copy(update={"save_steps": bundle["launch"]["checkpoint_steps"]})
+    config = _checkpointed(DPOTrainingConfig.model_validate(worker["settings"], strict=False), bundle)
     rows = _read(folder / INPUTS_DIR / "rows.json")
     return train_dpo_lora(worker["model"], rows, folder / RUN_DIR, config, callbacks=callbacks)
 
