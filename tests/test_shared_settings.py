@@ -342,10 +342,10 @@ def test_every_model_block_gets_the_one_compute_setting(env):
     """``compute.dtype`` reaches the policy, the KG extractor and every trainer, ``compute.use_cpu`` every trainer,
     in every env and every method's stages: written once per env, fanned out by the config loader (before, 7 copies
     of dtype and 5 of use_cpu per env were kept equal by this test)."""
-    from prorag.methods import COMPUTE_BLOCKS
+    from prorag.methods import compute_blocks
 
     parameters = ENVS[env]()
-    found = {prefix + path: (key, _at(block, f"{path}.{key}")) for key, paths in COMPUTE_BLOCKS.items()
+    found = {prefix + path: (key, _at(block, f"{path}.{key}")) for key, paths in compute_blocks(parameters).items()
              for prefix, block in _stage_blocks(parameters).items() for path in paths
              if _at(block, path) is not None}
     wrong = {path: value for path, (key, value) in found.items() if value != parameters["compute"][key]}

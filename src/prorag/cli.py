@@ -128,11 +128,13 @@ def preflight_command(env: str | None, params: dict[str, Any]) -> None:
     from pathlib import Path
 
     from prorag.config_loader import CONFIG_LOADER_ARGS, ProjectConfigLoader
+    from prorag.methods import trainer_blocks
     from prorag.scale.preflight import preflight
 
     loader = ProjectConfigLoader(str(Path.cwd() / "conf"), env=env, runtime_params=params, **CONFIG_LOADER_ARGS)
     try:
-        found = preflight(loader["parameters"])
+        parameters = loader["parameters"]
+        found = preflight(parameters, trainer_blocks(parameters))
     except ValueError as error:
         click.secho(f"Error: preflight refused --env {env} --params: {error}", fg="red", err=True)
         raise SystemExit(1) from error

@@ -22,24 +22,23 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import Field, field_validator
 
 from prorag.config import ParameterError, StrictModel
-from prorag.recipes import get_recipe
+from prorag.plugins import PluginError
+from prorag.recipes import UnknownRecipeError, get_recipe, recipe_names
+
+if TYPE_CHECKING:
+    from prorag.training.launch import Stage
 
 VALUE_STAGE: Final = "reasonrag_data"
 """The stage that searches trees for its method's ``value`` (MCTS)."""
 
 SHARED_BLOCKS: Final = ("agent", "reward", "retriever")
-TRAINER_BLOCKS: Final = ("sft", "rl.trainer", "dpo.trainer", "tearag.sft", "tearag.ip_dpo.trainer")
-"""Every trainer's settings, as dotted paths into the parameters."""
-COMPUTE_BLOCKS: Final[dict[str, tuple[str, ...]]] = {
-    "dtype": ("policy", "kg_extraction.extractor", *TRAINER_BLOCKS),
-    "use_cpu": TRAINER_BLOCKS,
-}
-"""Where each key of the shared ``compute`` block is written: a block that sets the key keeps its own value."""
+MODEL_BLOCKS: Final = ("policy", "kg_extraction.extractor")
+"""The blocks besides the trainers that hold a model, and take ``compute.dtype``."""
 RETRIEVER_BLOCKS: Final = ("rollout", "sft_synthesis", "rl", "reasonrag_data", "compare", "tearag")
 """Stage blocks that retrieve: a block that sets no ``retriever`` gets the shared one (standalone runs) or its
 method's (``stages`` of a resolved entry)."""
@@ -50,6 +49,30 @@ KNOWLEDGE_GRAPH: Final = "knowledge_graph"
 EVALUATION_SAMPLING: Final[dict[str, str]] = {"tearag": "evaluation_sampling"}
 """Blocks that evaluate with the rollout's sampling (``rollout.temperature``, ``top_p``, ``seed``), as ``compare``
 does, unless they set their own."""
+
+def trainer_blocks(parameters: Mapping[str, Any] | None = None) -> dict[str, Stage]:
+    """Every trainer block, as a dotted path from a stage block (``tearag.ip_dpo.trainer``), with the algorithm it
+    trains: those of the built-in recipes and of every recipe the ``methods`` of ``parameters`` name
+    (:attr:`~prorag.recipes.Recipe.trainers`). What the config loader fans ``compute`` into and what the GPU
+    preflight estimates."""
+    methods = (parameters or {}).get("methods") or {}
+    named = [method.get("recipe") for method in methods.values() if isinstance(method, Mapping)]
+    blocks: dict[str, Stage] = {}
+    for recipe in dict.fromkeys([*recipe_names(), *(name for name in named if isinstance(name, str))]):
+        try:
+            blocks.update(get_recipe(recipe).trainers)
+        except (UnknownRecipeError, PluginError):
+            continue  # the entry's validation names it (MethodEntry)
+    return blocks
+
+
+def compute_blocks(parameters: Mapping[str, Any] | None = None) -> dict[str, tuple[str, ...]]:
+    """Where each key of the shared ``compute`` block is written: ``dtype`` into :data:`MODEL_BLOCKS` and every
+    trainer block (:func:`trainer_blocks`), ``use_cpu`` into every trainer block. A block that sets the key keeps
+    its own value."""
+    trainers = tuple(trainer_blocks(parameters))
+    return {"dtype": (*MODEL_BLOCKS, *trainers), "use_cpu": trainers}
+
 
 def stage_owners(methods: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     """Each stage of a recipe's own loop (:attr:`~prorag.recipes.Recipe.own_stages`) -> the first method of
@@ -122,7 +145,8 @@ def resolve_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     Raw entries are validated by :class:`MethodEntry` (an error names ``methods.<name>``); the complete blocks are
     validated by their own schemas afterwards (the validation hook). Parameters without a ``methods`` map are
     returned with only the shared retriever filled in."""
-    resolved = _with_rollout_sampling(_with_compute(copy.deepcopy(dict(parameters))))
+    resolved = copy.deepcopy(dict(parameters))
+    resolved = _with_rollout_sampling(_with_compute(resolved, resolved.get("compute"), compute_blocks(resolved)))
     shared_retriever = resolved.get("retriever")
     methods: dict[str, Any] = {}
     for name, raw in (resolved.get("methods") or {}).items():
@@ -144,28 +168,28 @@ def resolve_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return resolved
 
 
-def _with_compute(parameters: dict[str, Any]) -> dict[str, Any]:
-    """``parameters`` with the shared ``compute`` keys written into :data:`COMPUTE_BLOCKS` (before the methods are
-    resolved, so that each method's stage blocks inherit them). Only blocks whose top-level block exists are
-    written; a missing nested block (``rl.trainer``) is created."""
-    compute = parameters.get("compute")
+def _with_compute(blocks: dict[str, Any], compute: Any, targets: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+    """``blocks`` with the shared ``compute`` keys written into ``targets`` (:func:`compute_blocks`): the
+    top-level blocks before the methods are resolved, so that each method's stage blocks inherit them, and a
+    method's stages again for blocks only its entry has. Only blocks whose top-level block exists are written; a
+    missing nested block (``rl.trainer``) is created."""
     if not isinstance(compute, Mapping):
-        return parameters
-    for key, paths in COMPUTE_BLOCKS.items():
+        return blocks
+    for key, paths in targets.items():
         if key not in compute:
             continue
         for path in paths:
             top, *inner = path.split(".")
-            block = parameters.get(top)
+            block = blocks.get(top)
             if not isinstance(block, Mapping):
                 continue
-            block = parameters[top] = dict(block)
+            block = blocks[top] = dict(block)
             for part in inner:
                 child = block.get(part)
                 block[part] = dict(child) if isinstance(child, Mapping) else {}
                 block = block[part]
             block.setdefault(key, copy.deepcopy(compute[key]))
-    return parameters
+    return blocks
 
 
 def _resolve_entry(entry: MethodEntry, parameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,6 +208,8 @@ def _resolve_entry(entry: MethodEntry, parameters: Mapping[str, Any]) -> dict[st
     method["stages"] = {stage: _with_method(stage, merge(parameters.get(stage), entry.stages.get(stage)), method,
                                             explicit=entry.stages.get(stage) or {})
                         for stage in stages}
+    trainers = tuple(get_recipe(entry.recipe).trainers)
+    _with_compute(method["stages"], parameters.get("compute"), {"dtype": trainers, "use_cpu": trainers})
     return method
 
 

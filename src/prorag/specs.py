@@ -43,7 +43,7 @@ def _known_protocol(name: str) -> str:
 class ComputeSpec(StrictModel):
     """``compute``: how every model is held and where the trainers run, declared once per env.
     :func:`prorag.methods.resolve_parameters` writes ``dtype`` into every block that loads a model and ``use_cpu``
-    into every trainer block (:data:`prorag.methods.COMPUTE_BLOCKS`) that does not set its own."""
+    into every trainer block (:func:`prorag.methods.compute_blocks`) that does not set its own."""
 
     dtype: Dtype = "float32"
     """The weights' dtype of the policy, the KG extractor and every trainer."""

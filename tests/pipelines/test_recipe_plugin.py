@@ -38,6 +38,8 @@ MODULE = '''
 
 
     OWN_LOOP = Recipe(("rl",), build, description="a loop of its own over the shared rl block")
+    OWN_TRAINER = Recipe(("own",), build, description="a loop with a trainer block of its own",
+                         trainers={"own.trainer": "sft"})
     NOT_A_RECIPE = build
 '''
 
@@ -100,3 +102,36 @@ def test_a_path_to_something_else_is_refused(my_recipes):
     with pytest.raises(PluginError, match=r"recipe 'my_recipes\.loop:NOT_A_RECIPE' names .* not a "
                                           r"prorag\.recipes\.Recipe"):
         get_recipe("my_recipes.loop:NOT_A_RECIPE")
+
+
+def test_a_plug_in_recipe_s_trainer_block_gets_compute_and_the_gpu_preflight(my_recipes, tmp_path):
+    """A trainer block only a plug-in recipe has (``methods.own.stages.own.trainer``, declared by
+    :attr:`Recipe.trainers`) is given the shared ``compute`` keys like the built-in ones, and the GPU preflight
+    estimates it and refuses it by its own knob; before, the preflight's table named the 5 built-in blocks only."""
+    from prorag.config_loader import CONFIG_LOADER_ARGS, ProjectConfigLoader
+    from prorag.methods import trainer_blocks
+    from prorag.scale.memory import MemoryPlanError
+    from prorag.scale.preflight import preflight, trainer_loads
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    methods = tmp_path / "conf" / "base" / "parameters_methods.yml"
+    shipped = yaml.safe_load(methods.read_text(encoding="utf-8"))
+    entry = {"recipe": "my_recipes.loop:OWN_TRAINER", "adapter": "own_adapter",
+             "stages": {"own": {"trainer": {"per_device_train_batch_size": 2, "max_length": 4096}}}}
+
+    def parameters(env: str) -> dict:
+        methods.write_text(yaml.safe_dump({"methods": {**shipped["methods"], "own": entry}}), encoding="utf-8")
+        loader = ProjectConfigLoader(str(tmp_path / "conf"), **{**CONFIG_LOADER_ARGS, "default_run_env": env})
+        return loader["parameters"]
+
+    laptop = parameters("local")["methods"]["own"]["stages"]["own"]["trainer"]
+    assert (laptop["dtype"], laptop["use_cpu"]) == ("float32", True)
+    gpu = parameters("gpu")
+    assert trainer_blocks(gpu)["own.trainer"] == "sft"
+    assert gpu["methods"]["own"]["stages"]["own"]["trainer"]["use_cpu"] is False
+    load = next(load for load in trainer_loads(gpu, trainer_blocks(gpu)) if load.stage == "own")
+    assert (load.knob, load.micro_batch, load.sequence) == ("methods.own.stages.own.trainer.", 2, 4096)
+    entry["stages"]["own"]["trainer"]["per_device_train_batch_size"] = 4096
+    too_big = parameters("gpu")
+    with pytest.raises(MemoryPlanError, match=r"methods\.own\.stages\.own\.trainer\.per_device_train_batch_size"):
+        preflight(too_big, trainer_blocks(too_big))

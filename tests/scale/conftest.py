@@ -16,6 +16,11 @@ from prorag.config_loader import ProjectConfigLoader as OmegaConfigLoader
 from prorag.gpus import NODE_GPUS_ENV
 from prorag.llm.registry import BUNDLED_TINY_LLAMA
 from prorag.llm.transformers_backend import TransformersGenerator
+from prorag.methods import trainer_blocks
+from prorag.scale.memory import TrainerLoad
+from prorag.scale.preflight import Preflight
+from prorag.scale.preflight import preflight as run_preflight
+from prorag.scale.preflight import trainer_loads as loads_of
 from prorag.serving import create_app, serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +32,16 @@ def gpu_parameters(runtime_params: dict | None = None) -> dict:
     loader = OmegaConfigLoader(str(CONF), **{**CONFIG_LOADER_ARGS, "default_run_env": "gpu"},
                                runtime_params=runtime_params or {})
     return loader["parameters"]
+
+
+def preflight(parameters: dict) -> Preflight:
+    """The GPU preflight as the hook and ``kedro preflight`` run it: with the recipes' trainer blocks."""
+    return run_preflight(parameters, trainer_blocks(parameters))
+
+
+def trainer_loads(parameters: dict) -> list[TrainerLoad]:
+    """The memory check's view of ``parameters``' GPU trainers, with the recipes' trainer blocks."""
+    return loads_of(parameters, trainer_blocks(parameters))
 
 
 def preset_params(name: str = "multistage_gpu.yml") -> dict:

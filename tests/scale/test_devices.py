@@ -15,7 +15,7 @@ from prorag.training.dpo import DPOTrainingConfig, train_dpo_lora
 from prorag.training.sft import train_sft_lora
 from prorag.training.trl_grpo import AgentRolloutFunction, build_grpo_trainer
 
-from .conftest import gpu_parameters
+from .conftest import gpu_parameters, preflight
 
 
 class NoScorer:
@@ -60,7 +60,6 @@ def test_a_gpu_trainer_seeing_eight_gpus_is_refused_before_loading_with_the_inst
 
 
 def test_the_run_picks_the_declared_trainer_gpu_before_the_first_node(eight_gpus, monkeypatch):
-    from prorag.scale.preflight import preflight
 
     found = preflight(gpu_parameters())
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2" == str(found.placement.trainer_gpu)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from prorag.scale.memory import MODELS
-from prorag.scale.preflight import PROMPT_TOKENS, trainer_loads
+from prorag.scale.preflight import PROMPT_TOKENS
 
-from .conftest import gpu_parameters
+from .conftest import gpu_parameters, trainer_loads
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"

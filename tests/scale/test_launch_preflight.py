@@ -11,9 +11,9 @@ import pytest
 from prorag.gpus import NODE_GPUS_ENV, node_gpus, pin_child_to
 from prorag.scale.memory import MemoryPlanError, Sharding
 from prorag.scale.placement import PlacementError
-from prorag.scale.preflight import launch_sharding, preflight
+from prorag.scale.preflight import launch_sharding
 
-from .conftest import gpu_parameters
+from .conftest import gpu_parameters, preflight
 
 FREE = [2, 6, 7]  # conf/gpu's GPUs no server holds once its RL replicas on 6 and 7 are given back
 ONE_REPLICA = {"rl": {"policy_server": {"base_url": "http://127.0.0.1:8001"}},

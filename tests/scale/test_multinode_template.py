@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from prorag.scale.placement import PlacementError
-from prorag.scale.preflight import preflight
 
-from .conftest import ROOT, gpu_parameters
+from .conftest import ROOT, gpu_parameters, preflight
 
 TEMPLATE = ROOT / "deploy" / "slurm" / "train_multinode.sbatch"
 

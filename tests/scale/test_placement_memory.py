@@ -10,9 +10,8 @@ import pytest
 from prorag.retrieval.server import build_parser
 from prorag.scale.memory import MemoryPlanError, check_servers, check_trainers
 from prorag.scale.placement import PlacementError, PlacementSpec, check_placement
-from prorag.scale.preflight import preflight, trainer_loads
 
-from .conftest import ROOT, gpu_parameters, preset_params
+from .conftest import ROOT, gpu_parameters, preflight, preset_params, trainer_loads
 
 SHIPPED = {"conf/gpu": {}, "conf/gpu + experiments/multistage_gpu.yml": preset_params()}
 
@@ -115,7 +114,6 @@ def test_a_colliding_placement_is_refused(change, message):
 def test_a_methods_stage_is_checked_with_its_own_settings():
     """The multi-stage preset's GRPO lives in ``methods.multistage.stages.rl``: the memory check sees it (with the
     method's agent budgets) beside HiPRAG's shared ``rl``, and a refusal names its knob."""
-    from prorag.scale.preflight import trainer_loads
 
     parameters = gpu_parameters(preset_params())
     knobs = {load.knob for load in trainer_loads(parameters)}

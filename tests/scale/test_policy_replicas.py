@@ -17,13 +17,12 @@ from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.rewards.registry import build_reward
 from prorag.rewards.scoring import RolloutScorer
 from prorag.scale.placement import PlacementError, check_placement, replica_count
-from prorag.scale.preflight import preflight
 from prorag.serving import create_app, serve_in_thread
 from prorag.specs import AgentSpec
 from prorag.training.grpo import AgentRollouts, PolicyServer
 from prorag.training.trl_private import ReplicaWeightSync
 
-from .conftest import ROOT, Captured, capturing, gpu_parameters, preset_params
+from .conftest import ROOT, Captured, capturing, gpu_parameters, preflight, preset_params
 
 RAW = ROOT / "data" / "01_raw"
 AGENT = AgentSpec(step_budget=1, max_new_tokens_per_turn=6, max_total_new_tokens=12, few_shot=False)

@@ -9,10 +9,9 @@ import logging
 import pytest
 
 from prorag.scale.memory import GIB, MODELS
-from prorag.scale.preflight import preflight
 from prorag.scale.step_time import RolloutShape, StatedCosts, describe, estimate_step
 
-from .conftest import gpu_parameters, preset_params
+from .conftest import gpu_parameters, preflight, preset_params
 
 COSTS = StatedCosts(hbm_bandwidth=1e12, decode_efficiency=0.5, peak_flops=1e15, mfu=0.5, generated_share=0.25,
                     padding=1.0, forward_equivalents=6, judge_latency_s=2.0, sync_bandwidth=1e10)

@@ -20,6 +20,8 @@ class GpuPreflightHook:
 
     @hook_impl(tryfirst=True)
     def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline, catalog: DataCatalog) -> None:
+        from prorag.methods import trainer_blocks
         from prorag.scale.preflight import preflight
 
-        preflight(catalog_parameters(catalog))
+        parameters = catalog_parameters(catalog)
+        preflight(parameters, trainer_blocks(parameters))

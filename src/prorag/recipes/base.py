@@ -12,13 +12,14 @@ module and a line in :data:`prorag.recipes.registry._BUILTIN`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kedro.pipeline import Pipeline
 
     from prorag.recipes.stages import StagePipelines
+    from prorag.training.launch import Stage
 
 Build = Callable[["StagePipelines", str, Mapping[str, Any]], "Pipeline"]
 """``build(stages, name, method)``: method ``name``'s training pipeline from its resolved entry ``method``."""
@@ -51,3 +52,8 @@ class Recipe:
     entry's own stage override sets one."""
     standalone: Standalone = _registered
     """The own stages' pipelines as this recipe runs them alone (:data:`Standalone`; ReasonRAG's cold start)."""
+    trainers: Mapping[str, Stage] = field(default_factory=dict)
+    """Its stages' trainer blocks, as dotted paths from a stage block (``tearag.ip_dpo.trainer``), each with the
+    algorithm it trains (``sft``, ``dpo``, ``grpo``): the shared ``compute`` keys are written into them
+    (:func:`prorag.methods.compute_blocks`) and the GPU preflight estimates their memory
+    (:func:`prorag.scale.preflight.trainer_loads`)."""

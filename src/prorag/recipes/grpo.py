@@ -37,6 +37,9 @@ def build_rl_from_instruct(stages: StagePipelines, name: str, method: Mapping[st
 
 
 SFT_RL = Recipe(("sft_synthesis", "sft", "rl"), build_sft_rl, adapters=("sft_adapter",),
-                description="gold trajectories -> LoRA SFT -> GRPO (HiPRAG §4)")
-RL_FROM_SFT = Recipe(("rl",), build_rl_from_sft, description="GRPO continuing the latest SFT adapter")
-RL_FROM_INSTRUCT = Recipe(("rl",), build_rl_from_instruct, description="GRPO from the instruct model, no SFT stage")
+                description="gold trajectories -> LoRA SFT -> GRPO (HiPRAG §4)",
+                trainers={"sft": "sft", "rl.trainer": "grpo"})
+RL_FROM_SFT = Recipe(("rl",), build_rl_from_sft, description="GRPO continuing the latest SFT adapter",
+                     trainers={"rl.trainer": "grpo"})
+RL_FROM_INSTRUCT = Recipe(("rl",), build_rl_from_instruct, description="GRPO from the instruct model, no SFT stage",
+                          trainers={"rl.trainer": "grpo"})

@@ -50,7 +50,9 @@ def standalone_mcts_dpo(name: str, method: Mapping[str, Any]) -> dict[str, Pipel
 
 
 MCTS_DPO = Recipe(("reasonrag_data", "dpo"), build_mcts_dpo, description="ReasonRAG: MCTS + SPRE pairs -> DPO",
-                  own_stages=("reasonrag_data", "dpo"), standalone=standalone_mcts_dpo)
+                  own_stages=("reasonrag_data", "dpo"), standalone=standalone_mcts_dpo,
+                  trainers={"dpo.trainer": "dpo"})
 SFT_MCTS_DPO = Recipe(("sft_synthesis", "sft", "reasonrag_data", "dpo"), build_mcts_dpo,
                       description="ReasonRAG with a cold-start SFT explorer that DPO continues",
-                      own_stages=("reasonrag_data", "dpo"), standalone=standalone_mcts_dpo)
+                      own_stages=("reasonrag_data", "dpo"), standalone=standalone_mcts_dpo,
+                      trainers={"sft": "sft", "dpo.trainer": "dpo"})

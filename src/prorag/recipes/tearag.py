@@ -25,4 +25,5 @@ def build_tearag(stages: StagePipelines, name: str, method: Mapping[str, Any]) -
 
 
 TEARAG = Recipe(("tearag",), build_tearag, description="TeaRAG: SFT -> IP-DPO rounds (its own block)",
-                own_stages=("tearag",), agent_stages=("tearag",))
+                own_stages=("tearag",), agent_stages=("tearag",),
+                trainers={"tearag.sft": "sft", "tearag.ip_dpo.trainer": "dpo"})

@@ -2,7 +2,7 @@
 
 :func:`preflight` is what the run's hook calls with the whole parameter tree
 (:class:`prorag.hooks.preflight.GpuPreflightHook`);
-:func:`trainer_loads` is the one place that knows where the trainers' settings live in the parameters.
+:func:`trainer_loads` estimates each trainer block the recipes declare (:data:`TrainerBlocks`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prorag.scale.memory import (
     UNSHARDED,
@@ -23,6 +23,9 @@ from prorag.scale.memory import (
 )
 from prorag.scale.placement import PlacementError, PlacementSpec, check_placement, select_trainer_gpu
 from prorag.scale.step_time import RolloutShape, StepTime, describe, estimate_step
+
+if TYPE_CHECKING:
+    from prorag.training.launch import Stage
 
 logger = logging.getLogger(__name__)
 
@@ -46,17 +49,23 @@ def _rollout_tokens(agent: Mapping[str, Any], top_k: int) -> int:
             + int(agent.get("step_budget", 4)) * top_k * PASSAGE_TOKENS)
 
 
-def trainer_loads(parameters: Mapping[str, Any]) -> list[TrainerLoad]:
+TrainerBlocks = Mapping[str, "Stage"]
+"""Each trainer block, a dotted path from a stage block (``tearag.ip_dpo.trainer``), with the algorithm it trains:
+the recipes declare them (:attr:`prorag.recipes.Recipe.trainers`), the application passes them in
+(:func:`prorag.methods.trainer_blocks`)."""
+
+
+def trainer_loads(parameters: Mapping[str, Any], trainers: TrainerBlocks) -> list[TrainerLoad]:
     """Every training stage of ``parameters`` that trains on a GPU (``use_cpu: false``), as the memory check sees
-    it: the shared stage blocks (with the shared agent) and each ``methods`` entry's stage blocks (with the method's
-    agent; a stage identical to the shared one is checked once)."""
+    it: the top-level trainer blocks (with the shared agent) and each ``methods`` entry's (with the method's agent;
+    a stage identical to the shared one is checked once)."""
     model = str(_get(parameters, "policy.model", ""))
-    loads = _stage_loads(parameters, _get(parameters, "agent", {}) or {}, model, "")
+    loads = _stage_loads(parameters, _get(parameters, "agent", {}) or {}, model, "", trainers)
     for name, method in (_get(parameters, "methods", {}) or {}).items():
         if not isinstance(method, Mapping):
             continue
         for load in _stage_loads(method.get("stages") or {}, method.get("agent") or {}, model,
-                                 f"methods.{name}.stages."):
+                                 f"methods.{name}.stages.", trainers):
             if not any(_same(load, seen) for seen in loads):
                 loads.append(load)
     return loads
@@ -67,32 +76,39 @@ def _same(first: TrainerLoad, second: TrainerLoad) -> bool:
     return replace(first, knob="") == replace(second, knob="")
 
 
-def _stage_loads(blocks: Mapping[str, Any], agent: Mapping[str, Any], model: str, knob: str) -> list[TrainerLoad]:
+def _stage_block(path: str) -> str:
+    """The stage block a trainer block belongs to: ``rl`` for ``rl.trainer``, ``tearag.sft`` for itself."""
+    return path.removesuffix(".trainer")
+
+
+def _default_batch(algorithm: Stage) -> int:
+    """The trainer schema's ``per_device_train_batch_size`` where a block sets none."""
+    from prorag.training.config import GRPOSettings, SFTSettings
+    from prorag.training.dpo import DPOTrainingConfig
+
+    schema = {"sft": SFTSettings, "dpo": DPOTrainingConfig, "grpo": GRPOSettings}[algorithm]
+    return int(schema.model_fields["per_device_train_batch_size"].default)
+
+
+def _stage_loads(blocks: Mapping[str, Any], agent: Mapping[str, Any], model: str, knob: str,
+                 trainers: TrainerBlocks) -> list[TrainerLoad]:
     loads: list[TrainerLoad] = []
-    sft = _get(blocks, "sft")
-    if isinstance(sft, Mapping) and sft.get("use_cpu") is False:
-        loads.append(TrainerLoad("sft", f"{knob}sft.", model, False, False,
-                                 int(sft.get("per_device_train_batch_size", 4)),
-                                 int(sft.get("max_length") or _rollout_tokens(agent, 3)),
-                                 bool(sft.get("gradient_checkpointing", False))))
-    rl = _get(blocks, "rl")
-    trainer = _get(blocks, "rl.trainer", {}) or {}
-    if isinstance(rl, Mapping) and trainer.get("use_cpu") is False:
-        full = not rl.get("lora", True)
-        loads.append(TrainerLoad("rl", f"{knob}rl.trainer.", model, full,
-                                 full and float(trainer.get("beta", 0.0)) > 0,
-                                 int(trainer.get("per_device_train_batch_size", 4)),
-                                 _rollout_tokens(agent, int(_get(rl, "retriever.top_k", 3))),
-                                 bool(trainer.get("gradient_checkpointing", False)), logits="fused",
-                                 mixed_precision=trainer.get("dtype", "bfloat16") == "bfloat16"))
-    for stage, prefix in (("dpo", "dpo.trainer."), ("tearag_ip_dpo", "tearag.ip_dpo.trainer."),
-                          ("tearag_sft", "tearag.sft.")):
-        settings = _get(blocks, prefix.rstrip("."))
+    for path, algorithm in trainers.items():
+        settings = _get(blocks, path)
         if not isinstance(settings, Mapping) or settings.get("use_cpu") is not False:
             continue
-        pairs = 2 if "dpo" in stage else 1  # DPO runs chosen and rejected in one batch
-        loads.append(TrainerLoad(stage, f"{knob}{prefix}", model, False, False,
-                                 pairs * int(settings.get("per_device_train_batch_size", 1)),
+        stage, where = _stage_block(path).replace(".", "_"), f"{knob}{path}."
+        batch = int(settings.get("per_device_train_batch_size", _default_batch(algorithm)))
+        if algorithm == "grpo":
+            rl = _get(blocks, _stage_block(path), {}) or {}
+            full = not rl.get("lora", True)
+            loads.append(TrainerLoad(stage, where, model, full, full and float(settings.get("beta", 0.0)) > 0,
+                                     batch, _rollout_tokens(agent, int(_get(rl, "retriever.top_k", 3))),
+                                     bool(settings.get("gradient_checkpointing", False)), logits="fused",
+                                     mixed_precision=settings.get("dtype", "bfloat16") == "bfloat16"))
+            continue
+        pairs = 2 if algorithm == "dpo" else 1  # DPO runs chosen and rejected in one batch
+        loads.append(TrainerLoad(stage, where, model, False, False, pairs * batch,
                                  int(settings.get("max_length") or _rollout_tokens(agent, 3)),
                                  bool(settings.get("gradient_checkpointing", False))))
     return loads
@@ -122,15 +138,16 @@ def _judges(reward: Mapping[str, Any], step_budget: int) -> tuple[tuple[str, flo
                   int(judge.get("max_concurrency") or 16)) for name, judge in judges.items())
 
 
-def grpo_step_times(parameters: Mapping[str, Any], placement: PlacementSpec,
-                    sharding: Sharding | None) -> dict[str, tuple[RolloutShape, StepTime]]:
+def grpo_step_times(parameters: Mapping[str, Any], placement: PlacementSpec, sharding: Sharding | None,
+                    trainers: TrainerBlocks) -> dict[str, tuple[RolloutShape, StepTime]]:
     """The step time of every GRPO stage that trains on a GPU and rolls out through policy servers
     (:mod:`prorag.scale.step_time`), by its parameter block."""
-    blocks = [("rl", parameters.get("rl"), parameters.get("agent"), parameters.get("reward"))]
+    grpo = [_stage_block(path) for path, algorithm in trainers.items() if algorithm == "grpo"]
+    blocks = [(stage, _get(parameters, stage), parameters.get("agent"), parameters.get("reward")) for stage in grpo]
     for name, method in (_get(parameters, "methods", {}) or {}).items():
         if isinstance(method, Mapping):
-            blocks.append((f"methods.{name}.stages.rl", _get(method, "stages.rl"), method.get("agent"),
-                           method.get("reward")))
+            blocks.extend((f"methods.{name}.stages.{stage}", _get(method, f"stages.{stage}"), method.get("agent"),
+                           method.get("reward")) for stage in grpo)
     shape = model_shape(str(_get(parameters, "policy.model", "")))
     found: dict[str, tuple[RolloutShape, StepTime]] = {}
     for where, rl, agent, reward in blocks:
@@ -205,16 +222,17 @@ def check_launch_gpus(parameters: Mapping[str, Any], placement: PlacementSpec) -
         raise PlacementError(str(error)) from error
 
 
-def preflight(parameters: Mapping[str, Any]) -> Preflight:
+def preflight(parameters: Mapping[str, Any], trainers: TrainerBlocks) -> Preflight:
     """Refuse, before any work, a run whose placement collides, whose trainer would see several GPUs, or whose
     processes cannot fit their GPUs (:mod:`prorag.scale.placement`, :mod:`prorag.scale.memory`). A run without a
     ``placement`` (the CPU default) only gets the one-GPU check of its GPU trainers.
 
     Under ``launch.mode: accelerate`` the training nodes do not train in this process: it is not narrowed to one GPU
     (the launch takes ``launch.gpu_ids``, checked against the servers' GPUs), and each stage is estimated per rank
-    with the launch's sharding (ZeRO-2 / ZeRO-3 / FSDP2)."""
+    with the launch's sharding (ZeRO-2 / ZeRO-3 / FSDP2). ``trainers``: where the trainer blocks are
+    (:data:`TrainerBlocks`)."""
     placement = check_placement(parameters)
-    loads = trainer_loads(parameters)
+    loads = trainer_loads(parameters, trainers)
     sharding = launch_sharding(parameters)
     if sharding is None:
         select_trainer_gpu(placement, training_on_gpu=bool(loads))
@@ -223,8 +241,8 @@ def preflight(parameters: Mapping[str, Any]) -> Preflight:
     if sharding is not None:
         check_launch_gpus(parameters, placement)
     servers = check_servers(placement)
-    trainers = check_trainers(loads, placement, sharding or UNSHARDED)
+    estimates = check_trainers(loads, placement, sharding or UNSHARDED)
     where = f"GPU {placement.trainer_gpu}" if sharding is None else f"each of {sharding.ranks} ranks"
-    for found in trainers:
+    for found in estimates:
         logger.info("memory plan: %s about %.0f GiB on %s", found.stage, found.total, where)
-    return Preflight(placement, trainers, servers, grpo_step_times(parameters, placement, sharding))
+    return Preflight(placement, estimates, servers, grpo_step_times(parameters, placement, sharding, trainers))
