@@ -84,12 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rl-start-adapter", type=Path, default=None,
                         help="--kedro: GRPO starts from this SFT adapter folder (e.g. make train's) instead of the "
                              "benchmark's 2-step one, so that its groups' rewards differ and the comparison trains")
+    parser.add_argument("--params", default="",
+                        help="--kedro: more runtime parameters for every run, as kedro run's --params (e.g. "
+                             "sft.lora_dropout=0.0, or make train's agent budgets: agent.step_budget=3,"
+                             "agent.max_new_tokens_per_turn=96,agent.max_total_new_tokens=288)")
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 220)
     if args.kedro:
         rows = _kedro_rows(args, console)
         title = (f"kedro run --env cpu_distributed, 1 vs 2 processes (accelerate launch, gloo), {args.model}, "
-                 f"{args.steps} steps, {os.cpu_count()} CPUs; items/s over the training node's seconds")
+                 f"{args.steps} steps, {os.cpu_count()} CPUs; items/s over the training node's seconds"
+                 + (f"; --params {args.params}" if args.params else ""))
         write_report(rows, name="launch_distributed_kedro", heading="Launcher benchmark: kedro run", title=title,
                      command=" ".join(["python", "benchmarks/launch_distributed.py", *sys.argv[1:]]),
                      output_dir=args.output_dir, console=console)
@@ -161,7 +166,8 @@ def _kedro_rows(args: argparse.Namespace, console: Any) -> list[Any]:
             measured: dict[int, dict[str, Any]] = {}
             for processes in (1, 2):
                 params = (f"policy.model={args.model},launch.processes_per_machine={processes},"
-                          f"{steps_key}={args.steps},{batch_key}={global_batch // processes}")
+                          f"{steps_key}={args.steps},{batch_key}={global_batch // processes}"
+                          + (f",{args.params}" if args.params else ""))
                 command = [sys.executable, "-m", "kedro", "run", f"--pipelines={pipeline}", "--env",
                            "cpu_distributed", "--params", params]
                 console.print(f"[bold]{pipeline}: {processes} process(es)[/] {' '.join(command[2:])}")

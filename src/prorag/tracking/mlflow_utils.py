@@ -8,7 +8,7 @@ import re
 import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -32,8 +32,13 @@ class TrackingParams(StrictModel):
     trace_samples: int = Field(default=5, ge=0)
     """Rollouts per method logged as MLflow traces in the method's run; 0 logs none."""
     log_models: bool = True
-    """LoRA adapters (PEFT folders) logged as MLflow models loadable with ``mlflow.pyfunc.load_model`` (when
-    ``log_artifacts``)."""
+    """LoRA adapters (PEFT folders) logged as MLflow models (when ``log_artifacts``), in ``model_flavor``."""
+    model_flavor: Literal["pyfunc", "transformers"] = "pyfunc"
+    """``pyfunc``: the adapter and the base model's spec, loaded through prorag (``mlflow.pyfunc.load_model``; small,
+    needs prorag installed). ``transformers``: the policy with the adapter merged in, in MLflow's own transformers
+    flavour (``mlflow.transformers.load_model`` or ``mlflow.pyfunc.load_model`` with mlflow and transformers only;
+    the whole model's size, so a merged model over ``max_artifact_mb`` is logged as ``pyfunc`` unless
+    ``upload_large_models``)."""
     registered_model_prefix: str | None = Field(default="prorag-", pattern=r"^[A-Za-z0-9_.\-]*$")
     """Logged adapters are registered as ``<prefix><dataset>`` (``prorag-sft_adapter``); null: not registered."""
     max_artifact_mb: float = Field(default=500.0, gt=0)
