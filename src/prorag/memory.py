@@ -22,7 +22,11 @@ import gc
 import logging
 import os
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
+from typing import Final
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +40,58 @@ def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         return libc.malloc_trim  # glibc only (musl has none)
     except (OSError, AttributeError):
         return None
+
+
+M_TRIM_THRESHOLD: Final = -1
+M_MMAP_THRESHOLD: Final = -3
+HEAP_REUSE_BYTES: Final = 1 << 30
+"""Inside :func:`reusing_freed_memory`, blocks up to this size come from (and go back to) glibc's heap."""
+GLIBC_MMAP_CEILING: Final = 32 << 20
+"""glibc's own largest mmap threshold on 64-bit, which its dynamic threshold reaches after the first large frees;
+restored afterwards, with the trim threshold at twice it (glibc's dynamic rule)."""
+_reuse_lock = threading.Lock()
+_reuse_depth = 0
+
+
+@contextmanager
+def reusing_freed_memory() -> Iterator[bool]:
+    """While inside, glibc's ``malloc`` serves and keeps blocks up to :data:`HEAP_REUSE_BYTES` in its heap
+    (``mallopt``), so that the 0.1-1 GB tensors a batched prefill allocates and frees again (attention weights,
+    logits) reuse pages instead of mapping fresh zeroed ones each time. By default glibc maps every block above
+    32 MB on its own and unmaps it on ``free``. On ``make train``'s SFT-policy rollouts (30 questions): 13.3 M page
+    faults -> 1.0 M, 176 -> 162 s, identical trajectories, 2% more peak resident memory
+    (benchmarks/malloc_reuse.py). Not used around training: there the same setting raised SFT's peak by 0.6 GB
+    (fragmentation) for 11%. On leaving, glibc's thresholds are restored and the free pages handed back
+    (``malloc_trim``). Nests and is thread-safe (the outermost exit restores). Yields whether it applied: not off
+    glibc, nor with ``PRORAG_MALLOC_REUSE=0``."""
+    global _reuse_depth
+    mallopt = _mallopt() if os.environ.get("PRORAG_MALLOC_REUSE", "1") != "0" else None
+    if mallopt is None:
+        yield False
+        return
+    with _reuse_lock:
+        _reuse_depth += 1
+        if _reuse_depth == 1:
+            mallopt(M_MMAP_THRESHOLD, HEAP_REUSE_BYTES)
+            mallopt(M_TRIM_THRESHOLD, HEAP_REUSE_BYTES)
+    try:
+        yield True
+    finally:
+        with _reuse_lock:
+            _reuse_depth -= 1
+            if _reuse_depth == 0:
+                mallopt(M_MMAP_THRESHOLD, GLIBC_MMAP_CEILING)
+                mallopt(M_TRIM_THRESHOLD, 2 * GLIBC_MMAP_CEILING)
+                trim = _malloc_trim()
+                if trim is not None:
+                    trim(0)
+
+
+@cache
+def _mallopt() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    if _malloc_trim() is None:  # not glibc
+        return None
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
 
 
 def resident_bytes() -> int:

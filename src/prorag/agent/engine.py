@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 from prorag.agent.trajectory import Rollout, Segment, SegmentKind, StopReason, stop_reason_counts
 from prorag.data.records import Question
 from prorag.llm.generation import Completion, Generator, SamplingParams, policy_label
+from prorag.memory import reusing_freed_memory
 from prorag.protocol.base import ProtocolAdapter, format_documents
 from prorag.protocol.escaping import escape_retrieved
 from prorag.protocol.registry import build_adapter
@@ -217,7 +218,7 @@ class RolloutEngine:
         turn = 0
         # Finished rollouts out of all (rate and ETA), named by method and policy; the postfix is the turn.
         with tqdm(total=len(states), desc=f"rollout {self.method} [{policy_label(self.generator)}]",
-                  unit="rollout", disable=not self.progress or not states) as bar:
+                  unit="rollout", disable=not self.progress or not states) as bar, reusing_freed_memory():
             while active := [state for state in states if state.stop_reason is None]:
                 self._generate(active, turn)
                 self._retrieve([state for state in active if state.pending_query is not None])

@@ -1,0 +1,51 @@
+"""glibc heap reuse for large tensors (:func:`prorag.memory.reusing_freed_memory`), in fresh interpreters: a
+tensor of 100 MB allocated and freed 40 times maps fresh zeroed pages each time by default, and reuses them inside
+it; after it, glibc maps them afresh again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from prorag.memory import reusing_freed_memory
+
+CHURN = """
+import json, resource, torch
+from prorag.memory import reusing_freed_memory
+
+def churn():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(40):
+        block = torch.ones(25_000_000)  # 100 MB, as a batched prefill's attention weights
+        del block
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+with reusing_freed_memory() as applied:
+    inside = churn()
+print(json.dumps({"applied": applied, "faults": inside, "after": churn()}))
+"""
+
+
+def _churn(reuse: str) -> dict:
+    completed = subprocess.run([sys.executable, "-c", CHURN], env={**os.environ, "PRORAG_MALLOC_REUSE": reuse},
+                               capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_freed_large_tensors_are_reused_instead_of_mapped_afresh():
+    default, reused = _churn("0"), _churn("1")
+    assert default["applied"] is False and reused["applied"] is True
+    assert default["faults"] > 40 * 20_000  # ~24k pages of 4 KiB per 100 MB tensor, every time
+    assert reused["faults"] < default["faults"] / 3  # measured: 0.98 M -> 0.22 M
+    assert reused["after"] > 40 * 20_000  # glibc's thresholds are back: no heap held for training's sake
+
+
+def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PRORAG_MALLOC_REUSE", "0")
+    with reusing_freed_memory() as applied:
+        assert applied is False
