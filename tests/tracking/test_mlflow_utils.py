@@ -9,7 +9,7 @@ def test_flatten_nested_mappings_and_models():
     flat = flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "t": TrackingParams(experiment_name="x")})
     assert flat == {"a.b": 1, "a.c.d": [1, 2], "t.experiment_name": "x", "t.enabled": True,
                     "t.log_artifacts": True, "t.system_metrics": True, "t.trace_samples": 5, "t.log_models": True,
-                    "t.registered_model_prefix": "prorag-", "t.max_artifact_mb": 500.0,
+                    "t.model_flavor": "pyfunc", "t.registered_model_prefix": "prorag-", "t.max_artifact_mb": 500.0,
                     "t.upload_large_models": False,
                     "t.input_datasets": ["questions", "passages", "index_questions", "index_passages",
                                          "rollout_questions", "rl_questions"]}
