@@ -32,14 +32,20 @@ logger = logging.getLogger(__name__)
 
 
 @cache
-def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (it has ``malloc_trim``; musl has none), else None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim  # glibc only (musl has none)
-    except (OSError, AttributeError):
+    except OSError:
         return None
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
+def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    libc = _glibc()
+    return None if libc is None else libc.malloc_trim
 
 
 M_TRIM_THRESHOLD: Final = -1
@@ -87,11 +93,9 @@ def reusing_freed_memory() -> Iterator[bool]:
                     trim(0)
 
 
-@cache
 def _mallopt() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    if _malloc_trim() is None:  # not glibc
-        return None
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    libc = _glibc()
+    return None if libc is None else libc.mallopt
 
 
 def resident_bytes() -> int:
