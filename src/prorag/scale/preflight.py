@@ -97,10 +97,11 @@ def _stage_loads(blocks: Mapping[str, Any], agent: Mapping[str, Any], model: str
         settings = _get(blocks, path)
         if not isinstance(settings, Mapping) or settings.get("use_cpu") is not False:
             continue
-        stage, where = _stage_block(path).replace(".", "_"), f"{knob}{path}."
+        block = _stage_block(path)
+        stage, where = block.replace(".", "_"), f"{knob}{path}."
         batch = int(settings.get("per_device_train_batch_size", _default_batch(algorithm)))
         if algorithm == "grpo":
-            rl = _get(blocks, _stage_block(path), {}) or {}
+            rl = _get(blocks, block, {}) or {}
             full = not rl.get("lora", True)
             loads.append(TrainerLoad(stage, where, model, full, full and float(settings.get("beta", 0.0)) > 0,
                                      batch, _rollout_tokens(agent, int(_get(rl, "retriever.top_k", 3))),
