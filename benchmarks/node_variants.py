@@ -25,6 +25,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -118,7 +119,7 @@ def measure(variants: list[Variant], *, project: Path, node: str, params: str, o
             for index, (variant, found) in enumerate(zip(variants, measured.values(), strict=True))]
     return write_report(rows, name=name, heading=f"{node}: settings side by side",
                         title=title or f"kedro run --pipelines=train --nodes={node}; {os.cpu_count()} CPUs",
-                        command=" ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+                        command=shlex.join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
                         output_dir=output_dir, console=Console(width=None if sys.stdout.isatty() else 200))
 
 
