@@ -6,11 +6,10 @@ node's seconds (``node_timing.csv``), the kedro process's minor page faults and 
 the last training loss the run logged (a trainer node), and for a JSON-lines ``--output`` how many rows'
 ``completion`` equal the first variant's. Each run writes a new version of the node's outputs in ``--project``.
 
-    # make train's laptop settings (issue 46): SFT with and without LoRA dropout, frozen weights fp32 vs bf16
-    .venv/bin/python benchmarks/node_variants.py --name sft_settings --node sft.train_sft \\
-        --params sft.max_steps=4 --output "" \\
-        --variant "dropout 0.05, fp32 weights::sft.lora_dropout=0.05,sft.dtype=float32" \\
-        --variant "dropout 0, fp32 weights::sft.lora_dropout=0.0,sft.dtype=float32"
+    # make train's SFT with and without LoRA dropout (issue 46; docs/rollout-speed.md)
+    .venv/bin/python benchmarks/node_variants.py --name sft_dropout --node sft.train_sft \\
+        --params sft.max_steps=3,tracking.enabled=false --output "" \\
+        --variant "LoRA dropout 0.05::sft.lora_dropout=0.05" --variant "LoRA dropout 0 (default)::sft.lora_dropout=0.0"
     # the evaluation rollouts with the policy held in float32 vs bfloat16
     .venv/bin/python benchmarks/node_variants.py --name policy_dtype --node sft.run_policy_rollouts \\
         --variant "float32::policy.dtype=float32" --variant "bfloat16::policy.dtype=bfloat16"
@@ -98,27 +97,26 @@ def newest_completions(folder: Path, versions: int) -> list[list[object]]:
 def measure(variants: list[Variant], *, project: Path, node: str, params: str, output: str, name: str,
             output_dir: Path, title: str | None = None) -> Path:
     """Run every variant in turn, then write ``<name>_benchmark.{csv,md}``; ratios are of the first variant."""
-    measured: dict[str, Measured] = {}
+    measured: list[Measured] = []
     for index, variant in enumerate(variants):
         shared = ",".join(part for part in (params, variant.params) if part)
         print(f"{variant.label}: kedro run --nodes={node} --params {shared!r}", flush=True)
-        measured[variant.label] = run_node(project, node, shared, variant.environment,
-                                           output_dir / f"{name}_{index}.log")
+        measured.append(run_node(project, node, shared, variant.environment, output_dir / f"{name}_{index}.log"))
     same: list[str] = [""] * len(variants)
     if output:
         completions = newest_completions(project / output, len(variants))
         same = [f"{sum(a == b for a, b in zip(completions[0], rows, strict=True))} of {len(rows)} completions "
                 "as the first" for rows in completions]
-    base = measured[variants[0].label].seconds
-    rows = [Row(" ".join(f"--params {params}".split()) if params else node, variant.label, 1, "run", found.seconds,
+    base = measured[0].seconds
+    rows = [Row(f"--params {params}" if params else node, variant.label, 1, "run", found.seconds,
                 f"{base / found.seconds:.2f}x",
                 "; ".join(part for part in (
                     f"peak RSS {found.peak_gib:.2f} GiB", f"{found.faults / 1e6:.1f} M page faults",
                     f"last loss {found.last_loss}" if found.last_loss else "", same[index] if index else "",
                     f"kedro run {found.wall:.0f} s") if part))
-            for index, (variant, found) in enumerate(zip(variants, measured.values(), strict=True))]
+            for index, (variant, found) in enumerate(zip(variants, measured, strict=True))]
     return write_report(rows, name=name, heading=f"{node}: settings side by side",
-                        title=title or f"kedro run --pipelines=train --nodes={node}; {os.cpu_count()} CPUs",
+                        title=f"{title or f'kedro run --pipelines=train --nodes={node}'}; {os.cpu_count()} CPUs",
                         command=shlex.join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
                         output_dir=output_dir, console=Console(width=None if sys.stdout.isatty() else 200))
 

@@ -84,3 +84,14 @@ def test_newest_completions_reads_the_newest_versions_oldest_first(tmp_path: Pat
         (folder / f"2026-0{index}").mkdir(parents=True)
         (folder / f"2026-0{index}" / "rows.jsonl").write_text(json.dumps({"completion": completion}) + "\n")
     assert node_variants.newest_completions(folder, 2) == [["mid"], ["new"]]
+
+
+def test_variants_may_share_a_label(tmp_path: Path) -> None:
+    """Repeats of one setting (a noise check) are rows of their own, not one row overwritten."""
+    project = _fake_project(tmp_path)
+    csv_path = node_variants.measure([node_variants.Variant("same", "fast"), node_variants.Variant("same", "x")],
+                                     project=project, node="some.node", params="", output="", name="repeat",
+                                     output_dir=tmp_path / "reports")
+    table = csv_path.with_suffix(".md").read_text()
+    assert "| same | 1 | run | 2.0 |" in table and "| same | 1 | run | 4.0 |" in table and "0.50x" in table
+    assert "CPUs" in table
