@@ -15,7 +15,7 @@ from prorag.data.records import Passage, load_questions
 from prorag.llm.generation import SamplingParams
 from prorag.llm.prefix_cache import PrefixKVCache
 from prorag.llm.registry import BUNDLED_SMOLLM2, BUNDLED_TINY_LLAMA, load_causal_lm
-from prorag.llm.transformers_backend import TransformersGenerator
+from prorag.llm.transformers_backend import TransformersGenerator, _padding_bounded_chunks
 from prorag.retrieval import build_retrieval_index
 
 RAW = Path(__file__).resolve().parents[2] / "data" / "01_raw"
@@ -191,3 +191,43 @@ def test_generation_never_compiles_the_forward(tiny_pair):
     call (H200 smoke test: 2.5 tokens/s; 60.9 with it off)."""
     config = TransformersGenerator(tiny_pair)._generation_config(SamplingParams(max_new_tokens=4))
     assert config.disable_compile is True
+
+
+def test_padding_bounded_chunks_group_similar_lengths():
+    lengths = [1390, 666, 628, 569, 543, 590, 40, 38, 36]
+    chunks = _padding_bounded_chunks(lengths, size=4, padding=0.25)
+    assert sorted(index for chunk in chunks for index in chunk) == list(range(len(lengths)))
+    assert chunks[0] == [0]  # the long suffix is prefilled alone instead of padding the others to it
+    for chunk in chunks:
+        assert len(chunk) <= 4
+        if len(chunk) > 1:
+            assert len(chunk) * max(lengths[i] for i in chunk) <= 1.25 * sum(lengths[i] for i in chunk)
+    assert _padding_bounded_chunks([], size=4, padding=0.25) == []
+
+
+def test_a_decoding_batch_prefills_one_token_per_row_after_ragged_insertions(tiny_pair, monkeypatch):
+    reuse = TransformersGenerator(tiny_pair, batch_size=4)
+    fresh = TransformersGenerator(tiny_pair, batch_size=4, prefix_cache_mb=0)
+    params = SamplingParams(max_new_tokens=6)
+    prompts = [reuse.encode(f"Question {row}: " + "word " * 5) for row in range(4)]
+    first = reuse.generate(prompts, params)
+    # one row gets a long insertion (retrieved passages), the others a few tokens
+    prompts = [ids + samples[0].token_ids + reuse.encode(" doc" * (60 if row == 0 else 2))
+               for row, (ids, samples) in enumerate(zip(prompts, first, strict=True))]
+    expected = [s[0].token_ids for s in fresh.generate(prompts, params)]
+    layouts = []
+    original = TransformersGenerator._layout
+
+    def spy(self, rows, new_tokens=0):
+        batch = original(self, rows, new_tokens)
+        layouts.append((new_tokens, batch.input_ids.shape[1] - batch.cached_width))
+        return batch
+
+    monkeypatch.setattr(TransformersGenerator, "_layout", spy)
+    before = reuse.stats.snapshot()
+    ours = reuse.generate(prompts, params)
+    assert [s[0].token_ids for s in ours] == expected
+    assert [suffix for new_tokens, suffix in layouts if new_tokens] == [1]  # not the long row's suffix width
+    spent = reuse.stats.since(before)
+    assert spent["prompt_tokens"] == spent["cached_tokens"] + spent["prefill_tokens"]
+    assert spent["shared_prefill_tokens"] == 0

@@ -25,7 +25,11 @@
   those of the left-padded re-prefill; greedy output is token-identical to ``prefix_cache_mb=0`` (tested).
   Rows of one call that share a prompt (the ``n`` samples of a GRPO group, sibling expansions of a tree
   node) or a long beginning (the system prompt and few-shot block of a rollout's first turn) get it prefilled
-  once, as one row, before decoding. The cache is dropped when the model's weights change (parameter version
+  once, as one row, before decoding. Then each row's own new suffix (all but its last token) is prefilled into the
+  cache in batches of rows with similar suffix lengths (at most :data:`_PREFILL_PADDING` padding), so the decoding
+  batch prefills one token per row: padded to the batch's longest suffix instead, one row that inserted 1,400
+  retrieved tokens made eleven others prefill (and attend over) 1,400 positions too (a rollout of ``make train``:
+  twice the real prefill tokens). The cache is dropped when the model's weights change (parameter version
   counters). Counters: :attr:`TransformersGenerator.stats`. transformers' continuous batching
   (``generate_batch``, paged attention with block sharing) was not used: it takes no stopping criteria or
   custom logits processors, which the per-row stop strings and chosen-token log-probabilities need, and it
@@ -88,6 +92,7 @@ class _OneDtypeStaticCache(StaticCache):
 
 _STOP_WINDOW_MARGIN = 8  # extra tokens decoded beyond the longest stop string's length in characters
 _MIN_SHARED_SAVING = 16  # prefill tokens a shared prefix must save to be worth its own forward pass
+_PREFILL_PADDING = 0.25  # a prefill batch's padded tokens, at most this fraction of its real ones (beyond 1 row)
 # tokenizer -> {characters: token ids whose decoding holds one} (see TransformersGenerator._tokens_with)
 _STOP_FILTERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], frozenset[int]]] = weakref.WeakKeyDictionary()
 
@@ -256,11 +261,13 @@ class TransformersGenerator:
                 self.prefix_cache.validate(_weights_fingerprint(self.model))
                 self.prefix_cache.begin_call()
                 self._prefill_shared([encoded[index] for index, _ in rows])
+            reused = (self._prefill_rows([encoded[index] for index, _ in rows])
+                      if self.prefix_cache is not None and len(rows) > 1 else {})
             for start in range(0, len(rows), self.batch_size):
                 chunk = rows[start : start + self.batch_size]
                 if cancelled is not None and cancelled():
                     raise GenerationCancelled(f"cancelled after {start} of {len(rows)} rows")
-                outputs = self._generate_batch([encoded[index] for index, _ in chunk], params, cancelled)
+                outputs = self._generate_batch([encoded[index] for index, _ in chunk], params, cancelled, reused)
                 for (index, sample), completion in zip(chunk, outputs, strict=True):
                     results[index][sample] = completion
         final: list[list[Completion]] = []
@@ -301,12 +308,34 @@ class TransformersGenerator:
                     shared.append(list(prefix))
             self._prefill_into_cache(shared)
 
-    def _prefill_into_cache(self, shared: list[list[int]]) -> None:
-        """Run ``shared`` (token-id sequences) through the model in batches and store their KV states."""
+    def _prefill_rows(self, prompts: list[list[int]]) -> dict[tuple[int, ...], int]:
+        """Prefill into the cache what each prompt adds to its cached prefix, all but its last token.
+
+        Returns the cached length of each prompt before this prefill (the tokens it reused from earlier calls
+        or shared prefixes), so that the decoding batch counts the rest as prefilled, not reused.
+        """
         assert self.prefix_cache is not None
-        shared.sort(key=len, reverse=True)
-        for start in range(0, len(shared), self.batch_size):
-            chunk = shared[start : start + self.batch_size]
+        reused: dict[tuple[int, ...], int] = {}
+        for ids in prompts:
+            key = tuple(ids)
+            if key not in reused:
+                reused[key] = self.prefix_cache.lookup(ids)[1]
+        pending = [key for key, cached in reused.items() if cached < len(key) - 1]
+        # what a row reuses is known at its own batch: it may extend what an earlier batch of rows stored
+        at_prefill = self._prefill_into_cache([list(key[:-1]) for key in pending], shared=False)
+        reused.update({key: at_prefill[key[:-1]] for key in pending})
+        return reused
+
+    def _prefill_into_cache(self, sequences: list[list[int]], *, shared: bool = True) -> dict[tuple[int, ...], int]:
+        """Run ``sequences`` (token ids) through the model and store their KV states, in batches of rows whose
+        uncached suffixes have similar lengths (:func:`_padding_bounded_chunks`); returns each sequence's cached
+        length when its batch ran. ``shared``: they are prefixes shared by several rows (counted as
+        ``shared_prefill_tokens`` too)."""
+        assert self.prefix_cache is not None
+        reused: dict[tuple[int, ...], int] = {}
+        suffixes = [len(ids) - self.prefix_cache.lookup([*ids, -1])[1] for ids in sequences]
+        for indices in _padding_bounded_chunks(suffixes, self.batch_size, _PREFILL_PADDING):
+            chunk = [sequences[index] for index in indices]
             batch = self._layout(chunk)
             position_ids = (batch.attention.cumsum(-1) - 1).clamp(min=0)[:, batch.cached_width :]
             past = batch.cache if batch.cache is not None else DynamicCache(config=self.model.config)
@@ -316,9 +345,11 @@ class TransformersGenerator:
                                  past_key_values=past,
                                  use_cache=True, logits_to_keep=1)
             prefilled = sum(len(ids) - cached for ids, cached in zip(chunk, batch.cached, strict=True))
-            self._count(prefill_tokens=prefilled, shared_prefill_tokens=prefilled)
+            self._count(prefill_tokens=prefilled, shared_prefill_tokens=prefilled if shared else 0)
             for row, ids in enumerate(chunk):
                 self.prefix_cache.store(ids, _row_kv(outputs.past_key_values, row, batch.columns(row, 0)))
+                reused[tuple(ids)] = batch.cached[row]
+        return reused
 
     def _stop_filters(self, stops: tuple[str, ...]) -> tuple[frozenset[int] | None, frozenset[int] | None]:
         """The token ids that may end one of ``stops``, and those that may hold the start of one.
@@ -405,7 +436,10 @@ class TransformersGenerator:
         return _Batch(input_ids, attention, cache, cached, cached_width, [len(ids) for ids in prompts])
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams,
-                        cancelled: Callable[[], bool] | None = None) -> list[Completion]:
+                        cancelled: Callable[[], bool] | None = None,
+                        reused: dict[tuple[int, ...], int] | None = None) -> list[Completion]:
+        """Decode one batch of rows. ``reused``: each prompt's cached length before this call's row prefill
+        (:meth:`_prefill_rows`); the KV that prefill added is counted as prefilled, not as reused."""
         batch = self._layout(prompts, params.max_new_tokens)
         width = batch.input_ids.shape[1]
         device = self.model.device
@@ -433,8 +467,10 @@ class TransformersGenerator:
             limit = stopper.stopped_at.get(row) if stopper else None
             completions.append(self._finish_row(generated[row].tolist(), None if logprobs is None
                                                 else logprobs[row].tolist(), len(ids), params, limit))
-        self._count(prompts=len(prompts), prompt_tokens=sum(batch.lengths), cached_tokens=sum(batch.cached),
-                    cache_hits=sum(length > 0 for length in batch.cached),
+        earlier = [min(cached, (reused or {}).get(tuple(ids), cached))
+                   for ids, cached in zip(prompts, batch.cached, strict=True)]
+        self._count(prompts=len(prompts), prompt_tokens=sum(batch.lengths), cached_tokens=sum(earlier),
+                    cache_hits=sum(length > 0 for length in earlier),
                     prefill_tokens=sum(batch.lengths) - sum(batch.cached),
                     decode_tokens=sum(len(completion.token_ids) for completion in completions))
         if self.prefix_cache is not None and output.past_key_values is not None:
@@ -526,6 +562,23 @@ class _Batch:
         suffix = self.lengths[row] - self.cached[row]
         return torch.cat([torch.arange(self.cached_width - self.cached[row], self.cached_width),
                           torch.arange(width - suffix, width + generated)])
+
+
+def _padding_bounded_chunks(lengths: Sequence[int], size: int, padding: float) -> list[list[int]]:
+    """Indices of ``lengths`` in batches of at most ``size``, longest first, each padded to its longest by at most
+    ``padding`` times its real total (a batch of one row is never padded)."""
+    chunks: list[list[int]] = []
+    total = 0
+    for index in sorted(range(len(lengths)), key=lambda item: -lengths[item]):
+        chunk = chunks[-1] if chunks else None
+        if (chunk is None or len(chunk) == size
+                or (len(chunk) + 1) * lengths[chunk[0]] > (1 + padding) * (total + lengths[index])):
+            chunks.append([index])
+            total = lengths[index]
+        else:
+            chunk.append(index)
+            total += lengths[index]
+    return chunks
 
 
 def _shared_prefixes(prompts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
