@@ -168,6 +168,7 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
 
     from prorag.llm.registry import load_causal_lm, resolve_model_path
     from prorag.training.devices import bf16_compute, ensure_one_device
+    from prorag.training.trl_private import score_labelled_positions_only
 
     if not rows:
         raise ValueError("no preference rows")
@@ -205,6 +206,7 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
     else:
         peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                                  target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM")
+    score_labelled_positions_only()
     with upstream_deprecations():  # PEFT wraps the model: transformers' is_gradient_checkpointing FutureWarning
         trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list([dict(row) for row in rows]),
                              processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)

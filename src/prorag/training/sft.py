@@ -101,6 +101,9 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
 
     from prorag.llm.registry import load_causal_lm
     from prorag.training.devices import bf16_compute, ensure_one_device
+    from prorag.training.trl_private import score_labelled_positions_only
+
+    score_labelled_positions_only()
 
     rows = _training_rows(examples)
     output = Path(output_dir)

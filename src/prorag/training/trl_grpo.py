@@ -59,7 +59,7 @@ from prorag.training.grpo import (
     PolicyServer,
     unique_questions,
 )
-from prorag.training.trl_private import GRPOTrainerHooks, sync_every_replica
+from prorag.training.trl_private import GRPOTrainerHooks, score_labelled_positions_only, sync_every_replica
 from prorag.training.upstream_warnings import upstream_deprecations
 
 if TYPE_CHECKING:
@@ -346,6 +346,7 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
                                  target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
     # rollout_func is flagged experimental by TRL; the pinned TRL version is the one this module is tested with.
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    score_labelled_positions_only()
     with upstream_deprecations():  # PEFT wraps the model: transformers' is_gradient_checkpointing FutureWarning
         return AgentGRPOTrainer(
             model=policy, args=config, processing_class=tokenizer, train_dataset=grpo_dataset(questions),
