@@ -231,3 +231,23 @@ def test_a_decoding_batch_prefills_one_token_per_row_after_ragged_insertions(tin
     spent = reuse.stats.since(before)
     assert spent["prompt_tokens"] == spent["cached_tokens"] + spent["prefill_tokens"]
     assert spent["shared_prefill_tokens"] == 0
+
+
+def test_decoding_batches_are_capped_by_their_kv_memory(tiny_pair):
+    generator = TransformersGenerator(tiny_pair, batch_size=8)
+    config = tiny_pair[0].config
+    per_position = 2 * config.num_hidden_layers * config.num_key_value_heads * \
+        (config.hidden_size // config.num_attention_heads) * 4  # float32
+    generator.batch_kv_bytes = 3 * (100 + 10) * per_position  # three rows of 100 tokens with 10 new ones
+    lengths = [400, 100, 100, 100, 100, 90, 90, 20, 20, 20, 20, 20, 20, 20, 20, 20]
+    batches = generator._decoding_batches(lengths, new_tokens=10)
+    assert batches[0] == (0, 1)  # wider than the budget alone: a batch of its own, never none
+    assert batches[1] == (1, 4)  # three rows of 100 fit, not four
+    assert [stop - start for start, stop in batches[2:]] == [3, 8, 1]  # narrower rows fill up to batch_size
+    params = SamplingParams(max_new_tokens=4)
+    prompts = [generator.encode("word " * (length // 2)) for length in (60, 8, 8, 8)]
+    capped = generator.generate(prompts, params)
+    whole = TransformersGenerator(tiny_pair, batch_size=8).generate(prompts, params)
+    assert [s[0].token_ids for s in capped] == [s[0].token_ids for s in whole]
+    with pytest.raises(ValueError, match="batch_kv_mb"):
+        TransformersGenerator(tiny_pair, batch_kv_mb=0)
