@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import StaticCache
 
 from prorag.agent import Rollout, RolloutEngine
 from prorag.data.records import Passage, load_questions
@@ -251,3 +252,38 @@ def test_decoding_batches_are_capped_by_their_kv_memory(tiny_pair):
     assert [s[0].token_ids for s in capped] == [s[0].token_ids for s in whole]
     with pytest.raises(ValueError, match="batch_kv_mb"):
         TransformersGenerator(tiny_pair, batch_kv_mb=0)
+
+
+@pytest.mark.parametrize("megabytes", [256, 0])
+def test_greedy_decoding_that_drops_finished_rows_matches_generate(tiny_pair, monkeypatch, megabytes):
+    rng = random.Random(1)
+    generator = TransformersGenerator(tiny_pair, batch_size=8, prefix_cache_mb=megabytes)
+    prompts = [generator.encode(f"Row {row}: " + "word " * rng.randint(2, 30)) for row in range(8)]
+    runs = {}
+    reorders: list[int] = []  # rows kept by each compaction of the current path
+    original = StaticCache.reorder_cache
+    monkeypatch.setattr(StaticCache, "reorder_cache",
+                        lambda cache, selection: (reorders.append(len(selection)), original(cache, selection))[1])
+    for path in ("drop", "generate"):
+        if path == "generate":
+            monkeypatch.setattr(TransformersGenerator, "_decode_greedy", TransformersGenerator._decode_with_generate)
+        generator = TransformersGenerator(tiny_pair, batch_size=8, prefix_cache_mb=megabytes)
+        reorders.clear()
+        sequences = [list(ids) for ids in prompts]
+        outputs = []
+        insertions = random.Random(2)  # the same insertions on both paths
+        for _turn in range(3):  # stop strings end rows at different steps; the next turn reuses their KV
+            params = SamplingParams(max_new_tokens=12, stop=("ab", "e"), logprobs=True)
+            completions = [samples[0] for samples in generator.generate(sequences, params)]
+            outputs.append([(c.token_ids, c.finish_reason, c.stop, c.text) for c in completions])
+            outputs.append([c.logprobs for c in completions])
+            sequences = [ids + c.token_ids + [insertions.randrange(100, 5000) for _ in range(3)]
+                         for ids, c in zip(sequences, completions, strict=True)]
+        runs[path] = outputs, list(reorders), generator.stats.decode_tokens
+    (ours, reorders, decoded), (theirs, untouched, decoded_too) = runs["drop"], runs["generate"]
+    for mine, reference in zip(ours[0::2], theirs[0::2], strict=True):
+        assert mine == reference
+    for mine, reference in zip(ours[1::2], theirs[1::2], strict=True):
+        assert [pytest.approx(row, abs=1e-4) for row in mine] == reference
+    assert reorders and all(rows < 8 for rows in reorders) and not untouched  # finished rows left the batch
+    assert decoded == decoded_too

@@ -26,7 +26,8 @@ def test_the_cpu_scores_only_labelled_positions_with_the_same_log_probabilities(
     labels = torch.full_like(input_ids, -100)
     labels[0, 30:] = input_ids[0, 30:]  # a completion after a prompt: 10 + 5 labelled tokens
     labels[1, 35:] = input_ids[1, 35:]
-    monkeypatch.setattr(trl_trainer_utils, "_use_triton", trl_trainer_utils._use_triton)  # restored after the test
+    # TRL's own choice (an earlier training call in this process may have installed ours); restored after the test
+    monkeypatch.setattr(trl_trainer_utils, "_use_triton", chunked_logprob._use_triton)
     rows: list[int] = []  # the positions each call projects onto the vocabulary
     apply = chunked_logprob.ChunkedLogProbFunction.apply
 
