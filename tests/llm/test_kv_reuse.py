@@ -204,6 +204,8 @@ def test_padding_bounded_chunks_group_similar_lengths():
         if len(chunk) > 1:
             assert len(chunk) * max(lengths[i] for i in chunk) <= 1.25 * sum(lengths[i] for i in chunk)
     assert _padding_bounded_chunks([], size=4, padding=0.25) == []
+    capped = _padding_bounded_chunks([600] * 8 + [3000], size=32, padding=0.25, max_tokens=2048)
+    assert capped == [[8], [0, 1, 2], [3, 4, 5], [6, 7]]  # a longer row alone; otherwise at most 2,048 tokens
 
 
 def test_a_decoding_batch_prefills_one_token_per_row_after_ragged_insertions(tiny_pair, monkeypatch):

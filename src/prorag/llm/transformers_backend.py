@@ -93,6 +93,9 @@ class _OneDtypeStaticCache(StaticCache):
 _STOP_WINDOW_MARGIN = 8  # extra tokens decoded beyond the longest stop string's length in characters
 _MIN_SHARED_SAVING = 16  # prefill tokens a shared prefix must save to be worth its own forward pass
 _PREFILL_PADDING = 0.25  # a prefill batch's padded tokens, at most this fraction of its real ones (beyond 1 row)
+# a prefill batch's padded tokens at most (beyond 1 row): its attention weights are (rows, heads, suffix, past) floats
+# per layer (32 rows of ~600 inserted tokens over ~1,200 of past: ~0.8 GB a layer in float32)
+_PREFILL_TOKENS = 2048
 # tokenizer -> {characters: token ids whose decoding holds one} (see TransformersGenerator._tokens_with)
 _STOP_FILTERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], frozenset[int]]] = weakref.WeakKeyDictionary()
 
@@ -341,7 +344,7 @@ class TransformersGenerator:
         assert self.prefix_cache is not None
         reused: dict[tuple[int, ...], int] = {}
         suffixes = [len(ids) - self.prefix_cache.lookup([*ids, -1])[1] for ids in sequences]
-        for indices in _padding_bounded_chunks(suffixes, self.batch_size, _PREFILL_PADDING):
+        for indices in _padding_bounded_chunks(suffixes, self.batch_size, _PREFILL_PADDING, _PREFILL_TOKENS):
             chunk = [sequences[index] for index in indices]
             batch = self._layout(chunk)
             position_ids = (batch.attention.cumsum(-1) - 1).clamp(min=0)[:, batch.cached_width :]
@@ -680,15 +683,18 @@ class _Batch:
                           torch.arange(width - suffix, width + generated)])
 
 
-def _padding_bounded_chunks(lengths: Sequence[int], size: int, padding: float) -> list[list[int]]:
+def _padding_bounded_chunks(lengths: Sequence[int], size: int, padding: float,
+                            max_tokens: int | None = None) -> list[list[int]]:
     """Indices of ``lengths`` in batches of at most ``size``, longest first, each padded to its longest by at most
-    ``padding`` times its real total (a batch of one row is never padded)."""
+    ``padding`` times its real total, and at most ``max_tokens`` padded tokens unless it is one row (a batch of one
+    row is never padded)."""
     chunks: list[list[int]] = []
     total = 0
     for index in sorted(range(len(lengths)), key=lambda item: -lengths[item]):
         chunk = chunks[-1] if chunks else None
         if (chunk is None or len(chunk) == size
-                or (len(chunk) + 1) * lengths[chunk[0]] > (1 + padding) * (total + lengths[index])):
+                or (len(chunk) + 1) * lengths[chunk[0]] > (1 + padding) * (total + lengths[index])
+                or (max_tokens is not None and (len(chunk) + 1) * lengths[chunk[0]] > max_tokens)):
             chunks.append([index])
             total = lengths[index]
         else:
