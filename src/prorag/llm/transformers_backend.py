@@ -321,8 +321,8 @@ class TransformersGenerator:
     def _prefill_rows(self, prompts: list[list[int]]) -> dict[tuple[int, ...], int]:
         """Prefill into the cache what each prompt adds to its cached prefix, all but its last token.
 
-        Returns the cached length of each prompt before this prefill (the tokens it reused from earlier calls
-        or shared prefixes), so that the decoding batch counts the rest as prefilled, not reused.
+        Returns the length of each prompt that came from the cache when its own prefill batch ran (earlier calls,
+        shared prefixes, rows of an earlier batch), so that the decoding batch counts the rest as prefilled.
         """
         assert self.prefix_cache is not None
         reused: dict[tuple[int, ...], int] = {}
