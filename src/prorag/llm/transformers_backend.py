@@ -513,10 +513,18 @@ class TransformersGenerator:
             cache_length = int(output.past_key_values.get_seq_length())
             for row, (ids, completion) in enumerate(zip(prompts, completions, strict=True)):
                 # the last token of a sequence is never fed back, so its KV exists only if decoding went on
-                kept = min(len(completion.token_ids), cache_length - width)
-                self.prefix_cache.store([*ids, *completion.token_ids[:kept]],
-                                        _row_kv(output.past_key_values, row, batch.columns(row, kept)))
+                self._store_row(ids, completion, output.past_key_values, row, batch, row, cache_length - width)
         return completions
+
+    def _store_row(self, prompt: list[int], completion: Completion, cache: DynamicCache | StaticCache,
+                   index: int, batch: _Batch, row: int, fed: int) -> None:
+        """Keep a finished row's KV (cache row ``index``, batch row ``row``): its prompt and the first ``fed``
+        decoded tokens that it kept (those whose KV was computed)."""
+        if self.prefix_cache is None:
+            return
+        kept = min(len(completion.token_ids), fed)
+        self.prefix_cache.store([*prompt, *completion.token_ids[:kept]],
+                                _row_kv(cache, index, batch.columns(row, kept)))
 
     def _decode_greedy(self, prompts: list[list[int]], batch: _Batch, params: SamplingParams,
                        stopper: _StopStrings | None, cancelled: Callable[[], bool] | None) -> list[Completion]:
@@ -551,11 +559,8 @@ class TransformersGenerator:
                                               len(prompts[row]), params,
                                               stopper.stopped_at.get(row) if stopper else None)
                 completions[row] = completion
-                fed = len(tokens[row]) - 1  # the last chosen token is never fed back
-                kept = min(len(completion.token_ids), fed)
-                if self.prefix_cache is not None:
-                    self.prefix_cache.store([*prompts[row], *completion.token_ids[:kept]],
-                                            _row_kv(cache, index, batch.columns(row, kept)))
+                # the last chosen token is never fed back
+                self._store_row(prompts[row], completion, cache, index, batch, row, len(tokens[row]) - 1)
 
         for step in range(params.max_new_tokens):
             if cancelled is not None and cancelled():
