@@ -256,6 +256,43 @@ def test_decoding_batches_are_capped_by_their_kv_memory(tiny_pair):
         TransformersGenerator(tiny_pair, batch_kv_mb=0)
 
 
+def test_prefill_batches_are_capped_by_their_kv_memory(tiny_pair, monkeypatch):
+    """The second turn of a rollout: long cached pasts and short new suffixes. Chunked by suffix length and token
+    count alone, all rows prefilled in one batch whose past (rows x widest past) went uncapped (make train's
+    RL-agent rollouts: a 2.5 GB past over a 2 GB prefix cache)."""
+    assert _padding_bounded_chunks([5, 5, 5, 5], size=8, padding=0.25, past=[100, 100, 20, 20],
+                                   max_positions=220) == [[0, 1], [2, 3]]
+    assert _padding_bounded_chunks([5, 5], size=8, padding=0.25, past=[500, 20], max_positions=220) == [[0], [1]]
+    config = tiny_pair[0].config
+    per_position = 2 * config.num_hidden_layers * config.num_key_value_heads * \
+        (config.hidden_size // config.num_attention_heads) * 4  # float32
+    params = SamplingParams(max_new_tokens=4)
+    runs = {}
+    for budget in (None, 2):
+        generator = TransformersGenerator(tiny_pair, batch_size=8)
+        prompts = [generator.encode(f"Row {row}: " + "word " * 40) for row in range(6)]
+        first = generator.generate(prompts, params)
+        prompts = [ids + samples[0].token_ids + generator.encode(" doc doc doc")
+                   for ids, samples in zip(prompts, first, strict=True)]
+        if budget is not None:  # room for two rows' past, with or without the decoded tokens
+            generator.batch_kv_bytes = budget * (max(map(len, prompts)) + 4) * per_position
+        widths: list[tuple[int, int]] = []  # (rows, positions of past) of each prefill batch
+        original = TransformersGenerator._layout
+
+        def spy(self, rows, new_tokens=0, widths=widths, original=original):
+            batch = original(self, rows, new_tokens)
+            if not new_tokens:
+                widths.append((len(rows), batch.input_ids.shape[1]))
+            return batch
+
+        monkeypatch.setattr(TransformersGenerator, "_layout", spy)
+        runs[budget] = ([s[0].token_ids for s in generator.generate(prompts, params)], widths)
+        monkeypatch.undo()
+    assert runs[None][1] == [(6, max(map(len, prompts)) - 1)]  # unbounded: one batch of every row
+    assert runs[2][0] == runs[None][0]
+    assert [rows for rows, _ in runs[2][1]] == [2, 2, 2]
+
+
 @pytest.mark.parametrize("megabytes", [256, 0])
 def test_greedy_decoding_that_drops_finished_rows_matches_generate(tiny_pair, monkeypatch, megabytes):
     rng = random.Random(1)
