@@ -219,3 +219,29 @@ def test_a_training_call_prints_no_upstream_deprecation_warning(one_torch_thread
         train_sft_lora(BUNDLED_TINY_LLAMA, [example], tmp_path / "sft",
                        SFTSettings(lora_r=4, lora_alpha=8, max_steps=1, per_device_train_batch_size=1))
     assert not [str(item.message) for item in caught if "is_gradient_checkpointing" in str(item.message)]
+
+
+def test_an_activation_budget_leaves_the_layers_that_fit_it_uncheckpointed(one_torch_thread, tokenizer, musique,
+                                                                          tmp_path):
+    from transformers import TrainerCallback
+
+    from prorag.training.activation_budget import checkpointing_layers
+
+    flags: list[list[bool]] = []
+
+    class RecordFlags(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            layers = checkpointing_layers(model)
+            layers[-1].register_forward_pre_hook(
+                lambda *_: flags.append([layer.gradient_checkpointing for layer in layers]))
+
+    trajectory = synthesize_musique(musique[0], None, rng=random.Random(0), protocol="hiprag")
+    example = build_sft_example(tokenizer, trajectory.question, trajectory.completion, protocol="hiprag",
+                                few_shot=False)
+    # each of the tiny Llama's two layers stores 6-8 kB a token (measured: 6.5 kB without LoRA): 1.5 layers' worth
+    budget_mb = 1.5 * 7e3 * len(example["input_ids"]) / 2**20
+    train_sft_lora(BUNDLED_TINY_LLAMA, [example], tmp_path / "sft",
+                   SFTSettings(lora_r=4, lora_alpha=8, max_steps=1, per_device_train_batch_size=1,
+                               gradient_checkpointing=True, activation_budget_mb=budget_mb),
+                   callbacks=[RecordFlags()])
+    assert flags and flags[0] == [False, True]

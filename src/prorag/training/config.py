@@ -109,6 +109,10 @@ class SFTSettings(TrainerArgs, CheckpointSettings, LoraSettings):
     tokens of SmolLM2 with LoRA: 3.5 s vs 7.0 s forward + backward here); on one without, it is slower.
     ``dtype: bfloat16`` on a GPU implies it."""
     gradient_checkpointing: bool = False
+    activation_budget_mb: float | None = Field(default=None, ge=0)
+    """With ``gradient_checkpointing``: a step's first decoder layers run without checkpointing while their stored
+    activations fit this many MB (measured on the model; :mod:`prorag.training.activation_budget`), the others are
+    checkpointed. None or 0: every layer is checkpointed."""
     use_cpu: bool = True
     """False on GPUs (conf/gpu)."""
 

@@ -96,10 +96,12 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     Returns ``(output_dir / "adapter", trainer.state.log_history)``.
     """
     from datasets import Dataset  # noqa: I001  (ruff takes it for first-party: tests/datasets)
+    import torch
     from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 
     from prorag.llm.registry import load_causal_lm
+    from prorag.training.activation_budget import activation_bytes, checkpoint_beyond_budget, checkpointing_layers
     from prorag.training.devices import bf16_compute, ensure_one_device
     from prorag.training.trl_private import score_labelled_positions_only
 
@@ -128,6 +130,15 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     with upstream_deprecations():  # PEFT wraps the model: transformers' is_gradient_checkpointing FutureWarning
         trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows),
                              processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
+    if settings.gradient_checkpointing and settings.activation_budget_mb:
+        cost = activation_bytes(trainer.model, torch.bfloat16 if config.bf16 else None)
+        checkpoint_beyond_budget(trainer.model, settings.activation_budget_mb * 2**20, cost)
+        logger.info("SFT: layers checkpointed beyond %.0f MB of activations a step (a layer stores %.1f kB a token "
+                    "+ %.1f MB): %d of %d layers plain at 1,000 tokens", settings.activation_budget_mb,
+                    cost.per_token / 1e3, cost.fixed / 2**20,
+                    cost.layers_within(settings.activation_budget_mb * 2**20, 1000,
+                                       len(checkpointing_layers(trainer.model))),
+                    len(checkpointing_layers(trainer.model)))
     prepared = trainer.train_dataset[0]["labels"]
     if list(prepared) != rows[0]["labels"]:  # a TRL change that rebuilt the labels would silently train on context
         raise RuntimeError("SFTTrainer did not keep the labels of the pre-tokenized examples")
