@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from node_variants import Variant, measure  # benchmarks/node_variants.py
 from report import ROOT  # benchmarks/report.py
 
-VARIANTS = (Variant("glibc default (PRORAG_MALLOC_REUSE=0)", environment={"PRORAG_MALLOC_REUSE": "0"}),
-            Variant("heap reuse (prorag default)", environment={"PRORAG_MALLOC_REUSE": "1"}))
+VARIANTS = (Variant("glibc default (prorag default)", environment={"PRORAG_MALLOC_REUSE": "0"}),
+            Variant("heap reuse (PRORAG_MALLOC_REUSE=1)", environment={"PRORAG_MALLOC_REUSE": "1"}))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,7 +47,11 @@ def test_freed_large_tensors_are_reused_instead_of_mapped_afresh():
     assert reused["released"] > 80e6 and default["released"] < 20e6
 
 
-def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("PRORAG_MALLOC_REUSE", "0")
-    with reusing_freed_memory() as applied:
-        assert applied is False
+def test_it_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch):
+    for value in ("0", None):
+        if value is None:
+            monkeypatch.delenv("PRORAG_MALLOC_REUSE", raising=False)
+        else:
+            monkeypatch.setenv("PRORAG_MALLOC_REUSE", value)
+        with reusing_freed_memory() as applied:
+            assert applied is False
