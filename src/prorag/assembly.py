@@ -29,6 +29,12 @@ if TYPE_CHECKING:
     from prorag.training.grpo import AgentRollouts
 
 
+# The rollout engine passes every live trajectory to each turn's call, so KV that two calls in a row did not use
+# belongs to finished trajectories. Kept until the cache filled, it held 2 GiB of them while the last two of make
+# train's SFT-agent rollouts ran to 9k tokens: make train's peak (8.7 GiB).
+POLICY_PREFIX_CACHE_IDLE_CALLS = 2
+
+
 def build_policy(policy: PolicySpec) -> Generator:
     """The policy's generator (in-process transformers with the adapter merged, or an OpenAI-compatible server that
     serves a trained adapter or full model by name: :mod:`prorag.llm.served`), labelled with
@@ -36,7 +42,7 @@ def build_policy(policy: PolicySpec) -> Generator:
     generator = build_generator(policy.model, backend=policy.backend, adapter=policy.adapter, dtype=policy.dtype,
                                 batch_size=policy.batch_size, base_url=policy.base_url,
                                 api_key_env=policy.api_key_env, trained_server=policy.trained_server,
-                                device=policy.device)
+                                device=policy.device, prefix_cache_idle_calls=POLICY_PREFIX_CACHE_IDLE_CALLS)
     with contextlib.suppress(AttributeError):  # a generator with __slots__ keeps its class name as the label
         generator.label = policy.label  # type: ignore[attr-defined]
     return generator

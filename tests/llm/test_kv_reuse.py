@@ -154,6 +154,28 @@ def test_eviction_keeps_the_entries_the_current_call_uses():
     assert cache.nbytes == 2 * 16 * 4
 
 
+def test_entries_idle_for_more_calls_than_allowed_are_dropped_when_a_call_begins():
+    kv = [(torch.zeros(1, 4, 2), torch.zeros(1, 4, 2))]
+    cache = PrefixKVCache(max_bytes=10**6, idle_calls=2)
+    cache.begin_call()
+    cache.store([1, 9, 9, 9], kv)  # a trajectory that finishes in this turn
+    cache.store([2, 9, 9, 9], kv)  # one that goes on, looked up by every later call
+    for _ in range(2):
+        cache.begin_call()
+        assert cache.lookup([2, 9, 9, 9, 0])[1] == 4
+    assert len(cache) == 2  # the first was used by one of the last two calls
+    cache.begin_call()
+    assert len(cache) == 1 and cache.lookup([1, 9, 9, 9, 0])[1] == 0
+    assert cache.nbytes == 2 * 16 * 2
+    unbounded = PrefixKVCache(max_bytes=10**6)
+    unbounded.store([1, 9, 9, 9], kv)
+    for _ in range(5):
+        unbounded.begin_call()
+    assert len(unbounded) == 1
+    with pytest.raises(ValueError, match="idle_calls"):
+        PrefixKVCache(max_bytes=1, idle_calls=0)
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_smollm2_rollouts_with_searches_are_identical_with_and_without_reuse(one_torch_thread, retriever):

@@ -16,7 +16,8 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
                     dtype: str = "float32", batch_size: int = 8, base_url: str | None = None,
                     api_key_env: str | None = "OPENAI_API_KEY", mode: Literal["completions", "chat"] = "completions",
                     max_concurrency: int = 16, timeout: float = 120.0,
-                    trained_server: TrainedServerSpec | None = None, device: str = "cpu") -> Generator:
+                    trained_server: TrainedServerSpec | None = None, device: str = "cpu",
+                    prefix_cache_idle_calls: int | None = None) -> Generator:
     """A generator for ``model`` (a registry spec), optionally with a PEFT LoRA ``adapter`` merged in.
 
     ``backend="openai"`` talks to an OpenAI-compatible server (vLLM, ``prorag serve``) at ``base_url``; the
@@ -58,7 +59,8 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
                                     category=FutureWarning)
             loaded = PeftModel.from_pretrained(loaded, adapter).merge_and_unload()
         loaded.eval()
-    return TransformersGenerator((loaded, tokenizer), dtype=dtype, batch_size=batch_size)
+    return TransformersGenerator((loaded, tokenizer), dtype=dtype, batch_size=batch_size,
+                                 prefix_cache_idle_calls=prefix_cache_idle_calls)
 
 
 def _serves(base_url: str, model: str, api_key: str | None) -> bool:

@@ -98,13 +98,18 @@ class PrefixKVCache:
     serves every lookup they would serve). Eviction is least-recently-used, except that entries used by the
     current generate call (:meth:`begin_call`) are kept and a new entry that does not fit is dropped instead: a
     rollout whose trajectories need more than ``max_bytes`` then keeps reusing the ones that fit, instead of
-    cycling through evictions with no hit at all. Thread-safe.
+    cycling through evictions with no hit at all. ``idle_calls``: entries that no call of the last ``idle_calls``
+    used are dropped when a call begins (for callers that pass every live sequence to every call, as the rollout
+    engine does each turn: a finished trajectory's KV is never used again). Thread-safe.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, idle_calls: int | None = None) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        if idle_calls is not None and idle_calls < 1:
+            raise ValueError(f"idle_calls must be >= 1 or None, got {idle_calls}")
         self.max_bytes = max_bytes
+        self.idle_calls = idle_calls
         self.nbytes = 0
         self._entries: OrderedDict[int, CacheEntry] = OrderedDict()
         self._next_key = 0
@@ -124,9 +129,13 @@ class PrefixKVCache:
                 self._fingerprint = fingerprint
 
     def begin_call(self) -> None:
-        """Mark the start of a generate call (entries it uses are not evicted for its new entries)."""
+        """Mark the start of a generate call (entries it uses are not evicted for its new entries); with
+        ``idle_calls``, drop the entries that none of the last ``idle_calls`` calls used or stored."""
         with self._lock:
             self._call += 1
+            if self.idle_calls is not None:
+                for key in [key for key, entry in self._entries.items() if entry.call < self._call - self.idle_calls]:
+                    self.nbytes -= self._entries.pop(key).nbytes
 
     def clear(self) -> None:
         """Drop every entry."""

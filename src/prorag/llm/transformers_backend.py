@@ -181,7 +181,8 @@ class TransformersGenerator:
     tokens (chat templates already carry them); set ``add_special_tokens=True`` for raw text prompts of
     models that expect a BOS token. Calls are serialized with a lock, so one instance may be shared by
     threads. ``prefix_cache_mb`` bounds the KV states kept for reuse across calls (0 turns reuse and prefix
-    sharing off: every call re-prefills its prompts); :attr:`stats` counts prefill, reused and decoded tokens.
+    sharing off: every call re-prefills its prompts); ``prefix_cache_idle_calls`` drops what that many calls in a
+    row did not use (:class:`PrefixKVCache`); :attr:`stats` counts prefill, reused and decoded tokens.
     A decoding or prefill batch holds at most ``batch_size`` rows and at most the rows whose past fits ``batch_kv_mb``
     (:meth:`_decoding_batches`, :meth:`_prefill_into_cache`).
     ``synced_gpus`` is transformers' ``generate`` flag (None: its default, on for a sharded model in a process
@@ -192,7 +193,7 @@ class TransformersGenerator:
     def __init__(self, model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], *, dtype: str = "float32",
                  device: str = "cpu", batch_size: int = 8, add_special_tokens: bool = False,
                  prefix_cache_mb: float = 2048.0, batch_kv_mb: float = 1024.0,
-                 synced_gpus: bool | None = None) -> None:
+                 prefix_cache_idle_calls: int | None = None, synced_gpus: bool | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not prefix_cache_mb >= 0:
@@ -215,7 +216,8 @@ class TransformersGenerator:
         self.pad_token_id: int = int(tokenizer.pad_token_id)
         self.eos_token_ids: set[int] = _eos_ids(self.model, tokenizer)
         self.vocab_size = int(getattr(self.model.config, "vocab_size", len(tokenizer)))
-        self.prefix_cache = PrefixKVCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
+        self.prefix_cache = (PrefixKVCache(int(prefix_cache_mb * 2**20), idle_calls=prefix_cache_idle_calls)
+                             if prefix_cache_mb > 0 else None)
         self.batch_kv_bytes = batch_kv_mb * 2**20
         self.synced_gpus = synced_gpus
         self.stats = GenerationStats()
