@@ -69,6 +69,7 @@ from prorag.llm.generation import (
 )
 from prorag.llm.prefix_cache import PROCESS_GENERATION_STATS, GenerationStats, LayerKV, PrefixKVCache
 from prorag.llm.registry import load_causal_lm
+from prorag.memory import return_free_heap
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -282,6 +283,7 @@ class TransformersGenerator:
                 outputs = self._generate_batch([encoded[index] for index, _ in chunk], params, cancelled, reused)
                 for (index, sample), completion in zip(chunk, outputs, strict=True):
                     results[index][sample] = completion
+            return_free_heap()  # the batches' pasts and the replaced cache entries
         final: list[list[Completion]] = []
         for samples in results:
             done = [completion for completion in samples if completion is not None]
