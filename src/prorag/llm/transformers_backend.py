@@ -220,6 +220,7 @@ class TransformersGenerator:
         self.prefix_cache = (PrefixKVCache(int(prefix_cache_mb * 2**20), idle_calls=prefix_cache_idle_calls)
                              if prefix_cache_mb > 0 else None)
         self.batch_kv_bytes = batch_kv_mb * 2**20
+        self._kv_position_bytes = _kv_bytes_per_position(self.model)  # 0: unknown, batches capped by rows only
         self.synced_gpus = synced_gpus
         self.stats = GenerationStats()
 
@@ -351,7 +352,7 @@ class TransformersGenerator:
         reused: dict[tuple[int, ...], int] = {}
         cached = [self.prefix_cache.lookup([*ids, -1])[1] for ids in sequences]
         suffixes = [len(ids) - length for ids, length in zip(sequences, cached, strict=True)]
-        per_position = _kv_bytes_per_position(self.model)
+        per_position = self._kv_position_bytes
         for indices in _padding_bounded_chunks(suffixes, self.batch_size, _PREFILL_PADDING, _PREFILL_TOKENS,
                                                past=cached, max_positions=(self.batch_kv_bytes / per_position
                                                                            if per_position else None)):
@@ -403,7 +404,7 @@ class TransformersGenerator:
         ``batch_size`` rows, and no more than fit ``batch_kv_mb`` with room for ``new_tokens`` each (a batch's past is
         as wide as its longest row; at least one row). Without the cap, 30 rows of make train's SFT-agent rollouts
         decoded into one 2.7 GB past and the run's peak RSS rose by 1.7 GiB, over the laptop budget."""
-        per_position = _kv_bytes_per_position(self.model)
+        per_position = self._kv_position_bytes
         batches: list[tuple[int, int]] = []
         start = 0
         while start < len(lengths):

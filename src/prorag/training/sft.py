@@ -131,14 +131,13 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
         trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows),
                              processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
     if settings.gradient_checkpointing and settings.activation_budget_mb:
+        budget = settings.activation_budget_mb * 2**20
+        layers = len(checkpointing_layers(trainer.model))
         cost = activation_bytes(trainer.model, torch.bfloat16 if config.bf16 else None)
-        checkpoint_beyond_budget(trainer.model, settings.activation_budget_mb * 2**20, cost)
+        checkpoint_beyond_budget(trainer.model, budget, cost)
         logger.info("SFT: layers checkpointed beyond %.0f MB of activations a step (a layer stores %.1f kB a token "
                     "+ %.1f MB): %d of %d layers plain at 1,000 tokens", settings.activation_budget_mb,
-                    cost.per_token / 1e3, cost.fixed / 2**20,
-                    cost.layers_within(settings.activation_budget_mb * 2**20, 1000,
-                                       len(checkpointing_layers(trainer.model))),
-                    len(checkpointing_layers(trainer.model)))
+                    cost.per_token / 1e3, cost.fixed / 2**20, cost.layers_within(budget, 1000, layers), layers)
     prepared = trainer.train_dataset[0]["labels"]
     if list(prepared) != rows[0]["labels"]:  # a TRL change that rebuilt the labels would silently train on context
         raise RuntimeError("SFTTrainer did not keep the labels of the pre-tokenized examples")
