@@ -79,18 +79,24 @@ def activation_bytes(model: nn.Module, autocast_dtype: torch.dtype | None = None
         generator = torch.Generator().manual_seed(0)
         for tokens in _PROBE_TOKENS:
             saved: dict[int, int] = {}
+            # What autograd would save stays alive through the pass (as in training, so that no storage is freed
+            # and its address reused), here and not in the graph: a tensor returned to autograd that is an output
+            # of its own node makes a cycle through the graph that Python's gc cannot see, and make train's process
+            # held the probe's bf16 weight copies (430 MB) to its end.
+            alive: list[torch.Tensor] = []
 
-            def pack(tensor: torch.Tensor, saved: dict[int, int] = saved) -> torch.Tensor:
+            def pack(tensor: torch.Tensor, saved: dict[int, int] = saved, alive: list[torch.Tensor] = alive) -> None:
                 storage = tensor.untyped_storage()  # one storage saved twice (a layer's input, its norm) counts once
                 if inside and storage.data_ptr() not in weights:  # the weights are there anyway
                     saved[storage.data_ptr()] = max(saved.get(storage.data_ptr(), 0), storage.nbytes())
-                return tensor
+                alive.append(tensor)
 
             ids = torch.randint(0, vocab, (1, tokens), generator=generator).to(device)
             autocast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
                         else contextlib.nullcontext())
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), autocast:
+            with torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked), autocast:
                 model(input_ids=ids)
+            alive.clear()
             totals.append(sum(saved.values()))
     finally:
         for handle in hooks:
@@ -102,6 +108,10 @@ def activation_bytes(model: nn.Module, autocast_dtype: torch.dtype | None = None
     per_token = (many - few) / (long - short) / len(layers)
     fixed = max(0.0, few / len(layers) - per_token * short)
     return LayerActivations(per_token=per_token, fixed=fixed)
+
+
+def _never_unpacked(_: object) -> torch.Tensor:
+    raise RuntimeError("activation_bytes keeps no saved tensor: its forward passes cannot be back-propagated")
 
 
 def checkpoint_beyond_budget(model: nn.Module, budget_bytes: float,
