@@ -126,8 +126,12 @@ def pipeline(adapter: str) -> Pipeline:
 
 @pytest.mark.integration
 def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
-        tmp_path: Path, mlflow_uri: str, tiny_adapter: str) -> None:
+        tmp_path: Path, mlflow_uri: str, tiny_adapter: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from prorag.judges.limits import record_usage
+
+    flushes = []  # each waits about a second for MLflow's export thread: once per trace took make train 30 s
+    flush = mlflow.flush_trace_async_logging
+    monkeypatch.setattr(mlflow, "flush_trace_async_logging", lambda: (flushes.append(1), flush())[1])
 
     # an earlier judge call in this process (another run, another test): not this run's usage
     record_usage("http://127.0.0.1:9/v1", "earlier-judge", 100, 10, None)
@@ -152,6 +156,7 @@ def test_parent_stage_and_method_runs_with_traces_and_a_registered_adapter(
     hook.before_pipeline_run({"run_id": SAVE_VERSION, "project_path": str(tmp_path), "pipeline_names": ["demo"]},
                              work, catalog)
     SequentialRunner().run(work, catalog, hook_manager)
+    assert len(flushes) == 1  # the judge's verdicts on the 4 traces: one wait for their export
     hook.after_pipeline_run()
 
     experiment = mlflow.get_experiment_by_name("hooks-test")

@@ -504,6 +504,7 @@ class MlflowTrackingHook:
                     reward_of[(str(row["method"]), str(row["question_key"]), int(row.get("sample_index") or 0))] = \
                         float(row["reward"])
         seen: dict[tuple[str, str], int] = {}
+        mlflow.flush_trace_async_logging()  # once for all: a flush per trace took 30 s of make train's 25 traces
         for verdict in verdicts:
             question = (str(verdict.get("method")), str(verdict.get("question_key")))
             occurrence = seen[question] = seen.get(question, -1) + 1
@@ -512,7 +513,7 @@ class MlflowTrackingHook:
             key = rollout_key(record) if record is not None else (*question, occurrence)
             if key in self._traces:
                 log_verdicts(self._traces[key], verdict, record.get("steps") if record else None,
-                             reward_of.get(key), judge_kind=judges)
+                             reward_of.get(key), judge_kind=judges, flush=False)
 
     def _log_adapter(self, dataset_name: str, path: Path, run_id: str) -> None:
         """Log (and register) the PEFT adapter at ``path`` as an MLflow model in ``run_id``, in

@@ -166,10 +166,15 @@ def log_rollout_trace(record: Mapping[str, Any], *, experiment_id: str, run_id: 
 
 
 def log_verdicts(ref: TraceRef, verdict: Mapping[str, Any], steps: Sequence[Mapping[str, Any]] | None,
-                 reward: float | None = None, *, judge_kind: str | None = None) -> int:
+                 reward: float | None = None, *, judge_kind: str | None = None, flush: bool = True) -> int:
     """Log a rollout's step verdicts (a ``step_verdicts`` record) and its ``reward`` as feedback on its trace;
-    ``steps`` are the rollout's parsed steps (to find each search step's span). Returns how many were logged."""
-    mlflow.flush_trace_async_logging()  # feedback needs the trace stored (traces are exported in the background)
+    ``steps`` are the rollout's parsed steps (to find each search step's span). Returns how many were logged.
+
+    Feedback needs the trace stored, and traces are exported in the background: ``flush`` waits for the export
+    first. Each wait takes about a second (MLflow stops and restarts its export thread), so a caller logging many
+    rollouts' verdicts flushes once itself and passes ``flush=False``."""
+    if flush:
+        mlflow.flush_trace_async_logging()
     # An LLM judge's verdict is LLM_JUDGE; the deterministic reference judge's is CODE (issue 34: it was mislabelled).
     kind = str(verdict.get("judge_kind") or judge_kind or "reference")
     source = AssessmentSource(source_type="LLM_JUDGE" if kind == "llm" else "CODE", source_id=f"{JUDGE_SOURCE}:{kind}")
