@@ -314,6 +314,26 @@ def test_search_r1_budget_counts_searches(scripted, keyword_retriever):
     assert not rollout.format_ok  # a search without information: the budget was exceeded
 
 
+def test_hiprag_search_closed_in_a_conclusion_is_malformed_not_the_same_search_again(scripted, keyword_retriever):
+    """make train's SFT agent closed its conclusion with ``</search>`` (no ``<search>`` after the context): each one
+    re-issued the answered query, the same passages came back and it wrote the same conclusion, 13 and 15 times to
+    9.7k tokens, until its token budget ran out. A new query after the context is still a search."""
+    repeat = 'The passage says: "The precise search query...</search>'
+    generator = scripted({
+        Q1: "I should look up Harvey Pekar.</reasoning>\n<search>Harvey Pekar</search>" + repeat * 20,
+        Q2: "I should look up Centaurium.</reasoning>\n<search>Centaurium</search>Not this.<search>Dacrydium</search>"
+            "Dacrydium is a genus.</conclusion>" + final("yes"),
+    })
+    retriever = keyword_retriever()
+    looping, valid = engine(generator, retriever, max_total_new_tokens=400).run([Q1, Q2])
+    assert looping.stop_reason == "malformed" and not looping.format_ok and looping.answer is None
+    assert looping.retrieval_count == 1 and looping.turns == 2
+    assert valid.stop_reason == "answer" and valid.queries == ["Centaurium", "Dacrydium"]
+    assert retriever.calls == [(["Harvey Pekar", "Centaurium"], 3), (["Dacrydium"], 3)]
+    for rollout in (looping, valid):
+        check_accounting(rollout)
+
+
 def test_reasonrag_query_inside_the_evidence_span_is_malformed_not_a_search(scripted, keyword_retriever):
     """The DPO policy of a measured run wrote ``the next query is <query>q</query>`` where its evidence belonged:
     before, every such query was retrieved and the trajectory looped to its token budget (12 turns)."""

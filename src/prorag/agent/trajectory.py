@@ -20,7 +20,8 @@ Stop reasons (:data:`STOP_REASONS`, a closed set):
   ``</search>`` / ``</conclusion>``, or the forced answer could not start): nothing was left to generate
   the next part. Nothing is inserted after that boundary.
 * ``"malformed"`` — the model closed an action where its protocol allows none (the adapter's boundary is
-  ``"malformed"``: a ReasonRAG query inside the evidence span). Nothing is retrieved or inserted; the
+  ``"malformed"``: a ReasonRAG query inside the evidence span, a HiPRAG ``</search>`` with no ``<search>`` since
+  the last context). Nothing is retrieved or inserted; the
   completion fails the format check.
 """
 

@@ -535,7 +535,15 @@ class HiPRAGAdapter:
         return initial_prefix()
 
     def boundary(self, stop: str, completion: str) -> Boundary | None:
-        return _BOUNDARIES.get(stop)
+        """A ``</search>`` with no ``<search>`` opened since the last retrieval is ``malformed``: Algorithm 1's
+        ``LASTBETWEEN`` would re-issue the query already answered, the same passages would come back, and the step
+        budget (which counts conclusions) would never end the loop. make train's SFT agent closed its conclusion with
+        ``</search>`` in 2 of 30 rollouts and re-searched 13 and 15 times, to 9.7k tokens, until its token budget ran
+        out. Nothing is retrieved and the rollout ends as a format failure (it had no answer either way)."""
+        boundary = _BOUNDARIES.get(stop)
+        if boundary == "search" and SEARCH_OPEN not in completion[completion.rfind(CONTEXT_CLOSE) + 1:]:
+            return "malformed"
+        return boundary
 
     def query(self, transcript: str) -> str:
         return last_query(transcript) or ""
