@@ -21,8 +21,7 @@ Stop reasons (:data:`STOP_REASONS`, a closed set):
   the next part. Nothing is inserted after that boundary.
 * ``"malformed"`` — the model closed an action where its protocol allows none (the adapter's boundary is
   ``"malformed"``: a ReasonRAG query inside the evidence span, a HiPRAG ``</search>`` with no ``<search>`` since
-  the last context). Nothing is retrieved or inserted; the
-  completion fails the format check.
+  the last context). Nothing is retrieved or inserted; the completion fails the format check.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def activation_bytes(model: nn.Module, autocast_dtype: torch.dtype | None = None
             # What autograd would save stays alive through the pass (as in training, so that no storage is freed
             # and its address reused), here and not in the graph: a tensor returned to autograd that is an output
             # of its own node makes a cycle through the graph that Python's gc cannot see, and make train's process
-            # held the probe's bf16 weight copies (430 MB) to its end.
+            # held the probe's bf16 weight copies (438 MB) to its end.
             alive: list[torch.Tensor] = []
 
             def pack(tensor: torch.Tensor, saved: dict[int, int] = saved, alive: list[torch.Tensor] = alive) -> None:
