@@ -63,6 +63,10 @@ class PolicySpec(StrictModel):
     """The NAME of the environment variable holding the key (backend openai); null: a keyless local server."""
     dtype: Dtype = "float32"
     batch_size: PositiveInt = 8
+    draft_tokens: int = Field(default=3, ge=0)
+    """transformers backend: prompt-lookup ids each greedy decoding step verifies per row (0: one token a step); the
+    output is the greedy one either way
+    (:meth:`prorag.llm.transformers_backend.TransformersGenerator._decode_greedy`)."""
     device: str = "cpu"
     """transformers backend: the torch device of the in-process model (``cuda`` on a GPU)."""
     trained_server: TrainedServerSpec | None = None

@@ -17,7 +17,7 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
                     api_key_env: str | None = "OPENAI_API_KEY", mode: Literal["completions", "chat"] = "completions",
                     max_concurrency: int = 16, timeout: float = 120.0,
                     trained_server: TrainedServerSpec | None = None, device: str = "cpu",
-                    prefix_cache_idle_calls: int | None = None) -> Generator:
+                    prefix_cache_idle_calls: int | None = None, draft_tokens: int = 3) -> Generator:
     """A generator for ``model`` (a registry spec), optionally with a PEFT LoRA ``adapter`` merged in.
 
     ``backend="openai"`` talks to an OpenAI-compatible server (vLLM, ``prorag serve``) at ``base_url``; the
@@ -27,7 +27,7 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
     ids can be accounted. A trained policy goes through the server too (:mod:`prorag.llm.served`): an ``adapter``
     is loaded into the server at ``base_url`` and requested by its name; a full model ``model`` folder is
     requested by name from ``trained_server`` (launched there when it says so). ``device`` places the in-process
-    (transformers) model.
+    (transformers) model; ``draft_tokens`` its greedy decoding's prompt-lookup drafts.
     """
     if backend == "openai":
         from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
@@ -60,7 +60,7 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
             loaded = PeftModel.from_pretrained(loaded, adapter).merge_and_unload()
         loaded.eval()
     return TransformersGenerator((loaded, tokenizer), dtype=dtype, batch_size=batch_size,
-                                 prefix_cache_idle_calls=prefix_cache_idle_calls)
+                                 prefix_cache_idle_calls=prefix_cache_idle_calls, draft_tokens=draft_tokens)
 
 
 def _serves(base_url: str, model: str, api_key: str | None) -> bool:

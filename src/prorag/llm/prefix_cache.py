@@ -29,7 +29,8 @@ class GenerationStats:
     ``prompt_tokens`` = ``cached_tokens`` (KV reused from the cache) + the prompt tokens prefilled by the call;
     ``prefill_tokens`` counts every token run through a prefill forward pass, including the shared prefixes
     prefilled once for groups of identical prompts (``shared_prefill_tokens``); ``decode_tokens`` counts the
-    generated tokens kept in the completions.
+    generated tokens kept in the completions; ``draft_tokens`` the prompt-lookup ids greedy decoding verified, of
+    which the model agreed with ``accepted_draft_tokens``.
     """
 
     calls: int = 0
@@ -40,6 +41,8 @@ class GenerationStats:
     prefill_tokens: int = 0
     shared_prefill_tokens: int = 0
     decode_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()

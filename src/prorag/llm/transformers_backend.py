@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from transformers import (
+    AttentionInterface,
     DynamicCache,
     GenerationConfig,
     LogitsProcessor,
@@ -58,6 +59,7 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
 )
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from prorag.llm.generation import (
     ChatMessage,
@@ -84,11 +86,20 @@ class _OneDtypeStaticCache(StaticCache):
     reproduced on the CPU under bf16 autocast).
     """
 
+    row_slots: torch.Tensor | None = None
+    """``(batch, new tokens)``: the cache slot each row writes each new token to (speculative greedy decoding, where
+    rows accept different numbers of tokens per step); ``None``: the stock update (every row at the same slots)."""
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.layers[layer_idx] if layer_idx < len(self.layers) else None
         dtype = layer.dtype if layer is not None and layer.is_initialized else key_states.dtype
-        return super().update(key_states.to(dtype), value_states.to(dtype), layer_idx, *args, **kwargs)
+        if self.row_slots is None or layer is None or not layer.is_initialized:
+            return super().update(key_states.to(dtype), value_states.to(dtype), layer_idx, *args, **kwargs)
+        index = self.row_slots[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
+        layer.keys.scatter_(2, index, key_states.to(dtype))
+        layer.values.scatter_(2, index, value_states.to(dtype))
+        return layer.keys, layer.values
 
 
 _STOP_WINDOW_MARGIN = 8  # extra tokens decoded beyond the longest stop string's length in characters
@@ -126,16 +137,22 @@ class _StopStrings(StoppingCriteria):
         generated = input_ids.shape[1] - self.prompt_width
         start = max(self.prompt_width, input_ids.shape[1] - self.window)
         for row, tail in enumerate(input_ids[:, start:].tolist()):
-            if self.done[row] or not tail or tail[-1] in self.skip_ids:
-                continue  # finished, nothing generated yet, or ended by EOS (generate pads it from then on)
-            if (self.may_end is not None and tail[-1] not in self.may_end) \
-                    or (self.may_start is not None and self.may_start.isdisjoint(tail)):
-                continue  # cannot have completed a stop string at this token
-            text = self.tokenizer.decode(tail, skip_special_tokens=True)
-            if any(stop in text for stop in self.stops):
-                self.done[row] = True
-                self.stopped_at[row] = generated
+            self.check(row, tail, generated)
         return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
+
+    def check(self, row: int, tail: list[int], generated: int) -> bool:
+        """Whether ``row`` is finished, its generated ``tail`` (the last ``window`` ids or fewer, of ``generated``
+        in all) checked for a stop string it has just completed."""
+        if self.done[row] or not tail or tail[-1] in self.skip_ids:
+            return self.done[row]  # finished, nothing generated yet, or ended by EOS (generate pads it from then on)
+        if (self.may_end is not None and tail[-1] not in self.may_end) \
+                or (self.may_start is not None and self.may_start.isdisjoint(tail)):
+            return False  # cannot have completed a stop string at this token
+        text = self.tokenizer.decode(tail[-self.window:], skip_special_tokens=True)
+        if any(stop in text for stop in self.stops):
+            self.done[row] = True
+            self.stopped_at[row] = generated
+        return self.done[row]
 
 
 class _ChosenLogprobs(LogitsProcessor):
@@ -186,6 +203,8 @@ class TransformersGenerator:
     row did not use (:class:`PrefixKVCache`); :attr:`stats` counts prefill, reused and decoded tokens.
     A decoding or prefill batch holds at most ``batch_size`` rows and at most the rows whose past fits ``batch_kv_mb``
     (:meth:`_decoding_batches`, :meth:`_prefill_into_cache`).
+    ``draft_tokens``: prompt-lookup ids each greedy decoding step verifies per row beyond its next token
+    (:meth:`_decode_greedy`; 0: one token a step; the output is the greedy one either way).
     ``synced_gpus`` is transformers' ``generate`` flag (None: its default, on for a sharded model in a process
     group — an all-reduce per decoding step); False where the parameters are whole on every rank and the ranks
     generate independently (the GRPO rollouts under FSDP2 / ZeRO-3, ``prorag.training.trl_grpo.policy_generator``).
@@ -194,9 +213,12 @@ class TransformersGenerator:
     def __init__(self, model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], *, dtype: str = "float32",
                  device: str = "cpu", batch_size: int = 8, add_special_tokens: bool = False,
                  prefix_cache_mb: float = 2048.0, batch_kv_mb: float = 1024.0,
-                 prefix_cache_idle_calls: int | None = None, synced_gpus: bool | None = None) -> None:
+                 prefix_cache_idle_calls: int | None = None, synced_gpus: bool | None = None,
+                 draft_tokens: int = 3) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if draft_tokens < 0:
+            raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
         if not prefix_cache_mb >= 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
         if not batch_kv_mb > 0:
@@ -222,6 +244,7 @@ class TransformersGenerator:
         self.batch_kv_bytes = batch_kv_mb * 2**20
         self._kv_position_bytes = _kv_bytes_per_position(self.model)  # 0: unknown, batches capped by rows only
         self.synced_gpus = synced_gpus
+        self.draft_tokens = draft_tokens
         self.stats = GenerationStats()
 
     @property
@@ -277,7 +300,7 @@ class TransformersGenerator:
             reused = (self._prefill_rows([encoded[index] for index, _ in rows])
                       if self.prefix_cache is not None and len(rows) > 1 else {})
             for start, stop in self._decoding_batches([len(encoded[index]) for index, _ in rows],
-                                                      params.max_new_tokens):
+                                                      params.max_new_tokens + self._draft_room(params)):
                 chunk = rows[start:stop]
                 if cancelled is not None and cancelled():
                     raise GenerationCancelled(f"cancelled after {start} of {len(rows)} rows")
@@ -416,6 +439,10 @@ class TransformersGenerator:
             start = stop
         return batches
 
+    def _draft_room(self, params: SamplingParams) -> int:
+        """Cache slots a decoding batch needs beyond ``max_new_tokens``: a step writes a row's draft past its end."""
+        return self.draft_tokens if params.greedy and not self.synced_gpus else 0
+
     def _count(self, **counts: int) -> None:
         self.stats.add(**counts)
         PROCESS_GENERATION_STATS.add(**counts)
@@ -478,7 +505,7 @@ class TransformersGenerator:
                         reused: dict[tuple[int, ...], int] | None = None) -> list[Completion]:
         """Decode one batch of rows. ``reused``: each prompt's cached length before this call's row prefill
         (:meth:`_prefill_rows`); the KV that prefill added is counted as prefilled, not as reused."""
-        batch = self._layout(prompts, params.max_new_tokens)
+        batch = self._layout(prompts, params.max_new_tokens + self._draft_room(params))
         stopper = (_StopStrings(self._tokenizer, params.stop, batch.input_ids.shape[1], len(prompts),
                                 self.eos_token_ids | {self.pad_token_id}, *self._stop_filters(params.stop))
                    if params.stop else None)
@@ -539,29 +566,43 @@ class TransformersGenerator:
 
     def _decode_greedy(self, prompts: list[list[int]], batch: _Batch, params: SamplingParams,
                        stopper: _StopStrings | None, cancelled: Callable[[], bool] | None) -> list[Completion]:
-        """Greedy decoding of a batch laid out over a ``StaticCache``, dropping the rows that finished.
+        """Greedy decoding of a batch laid out over a ``StaticCache``: finished rows leave it, and each step verifies
+        every row's prompt-lookup draft.
 
         ``generate`` decodes every row until the batch's last one stops: in make train's rollouts 32-43% of the
-        decoded row-steps were rows already finished, each reading its whole past. Here the same forward passes run
-        (same inputs, positions, mask and argmax), and once a quarter of the rows in the cache are finished they
-        are stored and removed from it (``Cache.reorder_cache``, one copy of the remaining rows). A removed row's
-        last token has not been fed back, so the prefix cache keeps one token less of it than ``generate``'s path.
+        decoded row-steps were rows already finished, each reading its whole past. Here, once a quarter of the rows
+        in the cache are finished, they are stored and removed from it (``Cache.reorder_cache``, one copy of the
+        remaining rows). A removed row's last token has not been fed back, so the prefix cache keeps one token less
+        of it than ``generate``'s path.
+
+        Drafts (``draft_tokens``; prompt lookup, :class:`_PromptLookup`): a decoding step costs about the same for 1
+        or a few tokens per row (it reads the weights and every row's past once), and a rollout copies much of what
+        it writes from its prompt (queries from the question, quotes from the retrieved passages). After the first
+        step each row is fed its last token and up to ``draft_tokens`` ids that followed the latest earlier
+        occurrence of its last ids; it keeps the drafted ids that the model's argmax agrees with and the argmax after
+        them, so the output is the greedy one (tested against ``draft_tokens=0`` and ``generate``). Rows keep
+        different numbers of tokens, so each writes to its own cache slots (a rejected draft's slots are written
+        over next step) and attends through a 4-D mask of its committed slots.
         """
         device = self.model.device
         width = batch.input_ids.shape[1]
         cache = batch.cache
-        assert cache is not None
+        assert isinstance(cache, _OneDtypeStaticCache)
+        capacity = cache.layers[0].max_cache_len
         attention = batch.attention.to(device)
         positions = (attention.cumsum(-1) - 1).masked_fill(attention == 0, 1)
-        step_ids = batch.input_ids[:, batch.cached_width :].to(device)
-        step_positions = positions[:, batch.cached_width :]
-        cache_position = torch.arange(batch.cached_width, width, device=device)
-        history = batch.input_ids.clone()  # every row's ids (pad once finished): what the stop criterion reads
+        valid = torch.zeros((len(prompts), capacity), dtype=torch.bool, device=device)
+        valid[:, :width] = attention.bool()  # each cache row's committed slots
+        first_position = positions[:, -1] + 1  # the position of each row's first decoded token
+        fed = torch.zeros(len(prompts), dtype=torch.long, device=device)  # decoded tokens in each cache row's slots
         in_cache = list(range(len(prompts)))  # the prompt row of each cache row
+        lookups = [_PromptLookup(ids) for ids in prompts] if self.draft_tokens else None
+        drafts: list[list[int]] = [[] for _ in prompts]  # by cache row: what this step feeds after the last token
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finished = [False] * len(prompts)
         completions: list[Completion | None] = [None] * len(prompts)
+        window = stopper.window if stopper is not None else 0
 
         def release(rows: list[int]) -> None:  # cache rows -> completions, stored in the prefix cache
             for index in rows:
@@ -570,52 +611,88 @@ class TransformersGenerator:
                                               len(prompts[row]), params,
                                               stopper.stopped_at.get(row) if stopper else None)
                 completions[row] = completion
-                # the last chosen token is never fed back
-                self._store_row(prompts[row], completion, cache, index, batch, row, len(tokens[row]) - 1)
+                self._store_row(prompts[row], completion, cache, index, batch, row, int(fed[index]))
 
-        for step in range(params.max_new_tokens):
+        def ends(row: int) -> bool:
+            generated = tokens[row]
+            stopped = stopper.check(row, generated[-window:], len(generated)) if stopper is not None else False
+            return generated[-1] in self.eos_token_ids or stopped or len(generated) >= params.max_new_tokens
+
+        for step in itertools.count():
             if cancelled is not None and cancelled():
-                raise GenerationCancelled(f"cancelled after {step} decoded tokens")
-            logits = self.model(input_ids=step_ids, attention_mask=attention, position_ids=step_positions,
-                                past_key_values=cache, cache_position=cache_position, use_cache=True,
-                                logits_to_keep=1).logits[:, -1, :].float()
-            chosen = logits.argmax(-1)
-            chosen_logprobs = (torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None]).squeeze(1).tolist()
+                raise GenerationCancelled(f"cancelled after {step} decoding steps")
+            if step == 0:  # every row's suffix (one token after the row prefill) at the same slots
+                logits = self.model(input_ids=batch.input_ids[:, batch.cached_width :].to(device),
+                                    attention_mask=attention, position_ids=positions[:, batch.cached_width :],
+                                    past_key_values=cache, use_cache=True, logits_to_keep=1,
+                                    cache_position=torch.arange(batch.cached_width, width, device=device)).logits
+            else:
+                logits = self._verify_step(cache, tokens, drafts, in_cache, finished, valid, width + fed,
+                                           first_position + fed)
+            chosen = logits.float().argmax(-1)  # (rows, fed tokens): the argmax after each fed token
+            chosen_logprobs = (torch.log_softmax(logits.float(), dim=-1).gather(-1, chosen[..., None])[..., 0].tolist()
                                if params.logprobs else None)
-            column = torch.full((len(prompts), 1), self.pad_token_id, dtype=torch.long)
-            next_ids = chosen.clone()  # what each cache row is fed next: its token, pad once finished
+            picks = chosen.tolist()
             for index, row in enumerate(in_cache):
                 if finished[row]:
-                    next_ids[index] = self.pad_token_id
                     continue
-                token = int(chosen[index])
-                tokens[row].append(token)
-                if chosen_logprobs is not None:
-                    logprobs[row].append(chosen_logprobs[index])
-                column[row, 0] = token
-            history = torch.cat([history, column], dim=1)
-            stopped = stopper(history, None).tolist() if stopper is not None else [False] * len(prompts)
-            for row in in_cache:
-                if not finished[row] and (tokens[row][-1] in self.eos_token_ids or stopped[row]
-                                          or len(tokens[row]) >= params.max_new_tokens):
-                    finished[row] = True
+                draft, picked = drafts[index], picks[index]
+                agreed = next((at for at, token in enumerate(draft) if token != picked[at]), len(draft))
+                if step:
+                    valid[index, int(width + fed[index]) : int(width + fed[index]) + agreed + 1] = True
+                    fed[index] += agreed + 1
+                    self._count(draft_tokens=len(draft), accepted_draft_tokens=agreed)
+                kept = 0
+                for at in range(agreed + 1):
+                    tokens[row].append(picked[at])
+                    kept += 1
+                    if chosen_logprobs is not None:
+                        logprobs[row].append(chosen_logprobs[index][at])
+                    if ends(row):
+                        finished[row] = True
+                        break
+                if lookups is not None and not finished[row]:
+                    lookups[row].extend(tokens[row][-kept:])
             stale = [index for index, row in enumerate(in_cache) if finished[row]]
             if len(stale) == len(in_cache):
                 break
-            attention = torch.cat([attention, attention.new_ones((len(in_cache), 1))], dim=1)
-            step_positions = step_positions[:, -1:] + 1
-            step_ids = next_ids[:, None]
-            cache_position = cache_position[-1:] + 1
             if len(stale) >= max(1, len(in_cache) // 4):
                 release(stale)
                 keep = [index for index, row in enumerate(in_cache) if not finished[row]]
                 selection = torch.tensor(keep, device=device)
                 cache.reorder_cache(selection)
-                attention, step_positions, step_ids = (attention[selection], step_positions[selection],
-                                                       step_ids[selection])
+                valid, fed, first_position = valid[selection], fed[selection], first_position[selection]
                 in_cache = [in_cache[index] for index in keep]
+            drafts = [lookups[row].draft(min(self.draft_tokens, params.max_new_tokens - len(tokens[row]) - 1))
+                      if lookups is not None and not finished[row] else [] for row in in_cache]
         release(list(range(len(in_cache))))
         return [completion for completion in completions if completion is not None]
+
+    def _verify_step(self, cache: _OneDtypeStaticCache, tokens: list[list[int]], drafts: list[list[int]],
+                     in_cache: list[int], finished: list[bool], valid: torch.Tensor, slot: torch.Tensor,
+                     position: torch.Tensor) -> torch.Tensor:
+        """One forward pass that feeds each cache row its last token and its draft (a finished row: padding), the
+        row's ``i``-th fed token at cache slot ``slot + i`` and position ``position + i``, attending over the row's
+        ``valid`` slots and the fed tokens before it; the logits after every fed token, ``(rows, fed, vocab)``."""
+        device = self.model.device
+        fed = 1 + max(len(draft) for draft in drafts)
+        step_ids = torch.full((len(in_cache), fed), self.pad_token_id, dtype=torch.long)
+        for index, row in enumerate(in_cache):
+            if not finished[row]:
+                step_ids[index, : 1 + len(drafts[index])] = torch.tensor([tokens[row][-1], *drafts[index]])
+        offsets = torch.arange(fed, device=device)
+        slots = slot[:, None] + offsets  # (rows, fed)
+        columns = torch.arange(valid.shape[1], device=device)
+        block = (columns >= slots[:, :1, None]) & (columns <= slots[:, :, None])  # each fed token: itself and before
+        mask = (valid[:, None, :] | block)[:, None]  # (rows, 1, fed, slots)
+        cache.row_slots = slots
+        try:
+            with _grouped_query_attention(self.model):
+                return self.model(input_ids=step_ids.to(device), attention_mask=mask,
+                                  position_ids=position[:, None] + offsets, past_key_values=cache,
+                                  cache_position=slots[0], use_cache=True, logits_to_keep=fed).logits
+        finally:
+            cache.row_slots = None
 
     def _finish_row(self, tokens: list[int], logprobs: list[float] | None, prompt_tokens: int,
                     params: SamplingParams, stopped_at: int | None) -> Completion:
@@ -678,6 +755,78 @@ class TransformersGenerator:
             if getattr(self.model.generation_config, "min_p", None) is not None:
                 options["min_p"] = 0.0
         return GenerationConfig(**options)
+
+
+class _PromptLookup:
+    """Draft ids for one row by prompt lookup (Saxena, "Prompt Lookup Decoding", 2023): the ids that followed the
+    latest earlier occurrence of the row's last ``longest`` ids in its prompt and output, else of fewer, down to
+    ``shortest``. Indexed as the row grows (a dict per n-gram size), so a lookup does not scan the prompt; written
+    here because transformers' ``PromptLookupCandidateGenerator`` drafts for a batch of one row only."""
+
+    def __init__(self, ids: Sequence[int], longest: int = 3, shortest: int = 2) -> None:
+        self.ids = list(ids)
+        self.latest: dict[int, dict[tuple[int, ...], int]] = {size: {} for size in range(longest, shortest - 1, -1)}
+        for end in range(len(self.ids) - 1):  # the row's own last n-grams are indexed once an id follows them
+            self._index(end)
+
+    def _index(self, end: int) -> None:
+        for size, table in self.latest.items():
+            if end + 1 >= size:
+                table[tuple(self.ids[end + 1 - size : end + 1])] = end
+
+    def extend(self, ids: Sequence[int]) -> None:
+        """Append the row's newly decoded ids."""
+        for token in ids:
+            self.ids.append(token)
+            self._index(len(self.ids) - 2)
+
+    def draft(self, limit: int) -> list[int]:
+        """Up to ``limit`` ids that may come next (empty: no earlier occurrence of the row's last ids)."""
+        if limit <= 0:
+            return []
+        for size, table in self.latest.items():
+            end = table.get(tuple(self.ids[-size:])) if len(self.ids) >= size else None
+            if end is not None:
+                return self.ids[end + 1 : end + 1 + limit]
+        return []
+
+
+def _packed_gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, except for several query tokens over a masked past with grouped KV heads:
+    there it repeats the KV heads (``repeat_kv``, a copy of the whole past in every layer: 70% of a decoding step
+    of SmolLM2 that feeds 4 tokens per row over ~2k positions here), and it packs only a single query token
+    (``pack_gqa``). Here the query heads that share a KV head become more query rows of it, each with its token's
+    mask row."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups == 1 or query.shape[2] == 1 or attention_mask is None or attention_mask.dim() != 4 or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    rows, heads, length, dim = query.shape
+    packed = query.reshape(rows, heads // groups, groups * length, dim)  # query head h reads KV head h // groups
+    output = torch.nn.functional.scaled_dot_product_attention(
+        packed, key, value, attn_mask=attention_mask.repeat(1, 1, groups, 1), scale=scaling)
+    return output.reshape(rows, heads, length, dim).transpose(1, 2).contiguous(), None
+
+
+_PACKED_GQA_SDPA = "prorag_packed_gqa_sdpa"
+AttentionInterface.register(_PACKED_GQA_SDPA, _packed_gqa_sdpa)
+
+
+@contextlib.contextmanager
+def _grouped_query_attention(model: PreTrainedModel) -> Iterator[None]:
+    """Run ``model``'s SDPA attention as :func:`_packed_gqa_sdpa` inside the block (other implementations as they
+    are)."""
+    config = model.config
+    if config._attn_implementation != "sdpa":
+        yield
+        return
+    config._attn_implementation = _PACKED_GQA_SDPA
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
 
 
 @dataclasses.dataclass
