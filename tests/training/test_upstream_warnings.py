@@ -1,5 +1,5 @@
-"""transformers' ``is_gradient_checkpointing`` FutureWarning, read by PEFT and TRL, is filtered around the calls that
-raise it and nowhere else (issue 46, item 5)."""
+"""transformers' FutureWarnings for its gradient-checkpointing aliases, called by PEFT and TRL, are filtered around the
+calls that raise them and nowhere else (issue 46, item 5)."""
 
 from __future__ import annotations
 
@@ -44,3 +44,17 @@ def test_only_that_message_is_filtered_and_only_inside_the_block(tiny):
 def test_wrapping_the_policy_in_lora_warns_nothing_upstream(tiny):
     messages = _caught(lambda: _policy(tiny, GRPOSettings(), adapter_dir=None, full_parameters=False))
     assert not [message for message in messages if DEPRECATED in message]
+
+
+def test_the_checkpointing_switches_trl_calls_around_generation_warn_only_outside_the_block(tiny):
+    model, _ = tiny
+    outside = _caught(lambda: (model.gradient_checkpointing_enable(), model.gradient_checkpointing_disable()))
+    assert [message.split("`")[1] for message in outside if "is deprecated" in message] == [
+        "gradient_checkpointing_enable", "gradient_checkpointing_disable"]
+
+    def inside() -> None:
+        with upstream_deprecations():
+            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_disable()
+
+    assert _caught(inside) == []

@@ -180,10 +180,11 @@ def policy_generator(trainer: GRPOTrainer, *, batch_size: int) -> Iterator[Trans
     with its full parameters gathered, :func:`fsdp2_full_parameters`)."""
     model = trainer.model_wrapped
     with contextlib.ExitStack() as stack:
-        with upstream_deprecations():  # TRL reads is_gradient_checkpointing on entering (a FutureWarning)
-            unwrapped = stack.enter_context(unwrap_model_for_generation(
-                model, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-                gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs))
+        # TRL calls transformers' deprecated checkpointing aliases on entering and on leaving (FutureWarnings)
+        stack.enter_context(upstream_deprecations())
+        unwrapped = stack.enter_context(unwrap_model_for_generation(
+            model, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs))
         gathered = stack.enter_context(fsdp2_full_parameters(unwrapped))
         stack.enter_context(torch.no_grad())
         was_training = unwrapped.training
