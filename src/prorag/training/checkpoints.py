@@ -65,6 +65,25 @@ def train_resumable(trainer: Any, output: str | Path, *, resume: bool) -> Path |
     return last
 
 
+def continue_adapter(model: Any, adapter_dir: str | Path) -> Any:
+    """``model`` with the PEFT adapter in ``adapter_dir`` loaded trainable, its base model recorded as the folder
+    ``model`` was loaded from. The saved adapter names its base by the portable name
+    (:func:`~prorag.llm.registry.make_adapter_portable`), and each PEFT save looks that name up on the hub to see
+    whether the vocabulary changed: offline, a warning per save on the terminal of ``make train``. Pointed at the local
+    folder, the save reads its config, and :func:`save_adapter` records the portable name again."""
+    from peft import PeftModel
+
+    from prorag.training.upstream_warnings import upstream_deprecations
+
+    with upstream_deprecations():  # PEFT wraps the model: transformers' is_gradient_checkpointing FutureWarning
+        continued = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+    local = str(getattr(model, "name_or_path", "") or "")
+    if local and (Path(local) / "config.json").is_file():
+        for config in continued.peft_config.values():
+            config.base_model_name_or_path = local
+    return continued
+
+
 def save_adapter(trainer: Any, adapter_dir: str | Path, *, selected_adapters: list[str] | None = None) -> Path:
     """Save the trained PEFT adapter and its tokenizer from the main process (the state dict is gathered on every
     rank first, as ZeRO-3 / FSDP need), with its base model recorded by its portable name

@@ -39,7 +39,13 @@ from pydantic import Field
 
 from prorag.llm.generation import render_chat
 from prorag.specs import Dtype, PositiveInt, Seed
-from prorag.training.checkpoints import CHECKPOINTS, checkpoint_arguments, save_adapter, train_resumable
+from prorag.training.checkpoints import (
+    CHECKPOINTS,
+    checkpoint_arguments,
+    continue_adapter,
+    save_adapter,
+    train_resumable,
+)
 from prorag.training.config import FIXED_BY_PRORAG, CheckpointSettings, LoraSettings, TrainerArgs, TRLConfigName
 from prorag.training.upstream_warnings import upstream_deprecations
 
@@ -163,7 +169,7 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
     Returns ``(output_dir / "adapter", trainer.state.log_history)``.
     """
     from datasets import Dataset  # noqa: I001  (ruff takes it for first-party: tests/datasets)
-    from peft import LoraConfig, PeftModel
+    from peft import LoraConfig
     from trl import DPOConfig, DPOTrainer
 
     from prorag.llm.registry import load_causal_lm, resolve_model_path
@@ -201,8 +207,7 @@ def train_dpo_lora(model_spec: str, rows: Sequence[Mapping[str, str]], output_di
         tokenizer.pad_token = tokenizer.eos_token
     peft_config = None
     if config.init_adapter:
-        with upstream_deprecations():
-            model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
+        model = continue_adapter(model, config.init_adapter)
     else:
         peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                                  target_modules=list(config.target_modules), bias="none", task_type="CAUSAL_LM")

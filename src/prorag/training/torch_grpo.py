@@ -41,7 +41,7 @@ from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.memory import release_memory
 from prorag.rewards.diagnostics import grpo_advantages, uniform_groups
 from prorag.specs import PositiveInt
-from prorag.training.checkpoints import COMPLETED_MARKER, last_complete_checkpoint
+from prorag.training.checkpoints import COMPLETED_MARKER, continue_adapter, last_complete_checkpoint
 from prorag.training.devices import bf16_compute, ensure_one_device, fp32_master_weights, launched_processes
 from prorag.training.grpo import JUDGE_LEDGER, STAT_PREFIX, AgentRollouts, RolloutBatch, unique_questions
 from prorag.training.upstream_warnings import upstream_deprecations
@@ -263,7 +263,7 @@ def _policy(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], settin
                 policy = PeftModel.from_pretrained(policy, str(adapter_dir)).merge_and_unload()
             return fp32_master_weights(policy).requires_grad_(True), tokenizer
         if adapter_dir is not None:
-            return PeftModel.from_pretrained(policy, str(adapter_dir), is_trainable=True), tokenizer
+            return continue_adapter(policy, adapter_dir), tokenizer
         lora = settings.lora
         return get_peft_model(policy, LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha,
                                                  lora_dropout=lora.lora_dropout,

@@ -49,6 +49,7 @@ from prorag.llm.registry import make_adapter_portable
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.memory import release_memory
 from prorag.rewards.scoring import Ratio
+from prorag.training.checkpoints import continue_adapter
 from prorag.training.config import FIXED_BY_PRORAG, GRPOSettings, check_trainer_args
 from prorag.training.devices import bf16_compute, ensure_one_device, fp32_master_weights
 from prorag.training.grpo import (
@@ -339,8 +340,7 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
                 policy = PeftModel.from_pretrained(policy, str(adapter_dir)).merge_and_unload()
         policy = fp32_master_weights(policy)
     elif adapter_dir is not None:
-        with upstream_deprecations():
-            policy = PeftModel.from_pretrained(policy, str(adapter_dir), is_trainable=True)
+        policy = continue_adapter(policy, adapter_dir)
     else:
         lora = settings.lora
         peft_config = LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,

@@ -26,6 +26,8 @@ import trl
 import trl.trainer.utils as trl_trainer_utils
 from trl import GRPOTrainer
 
+from prorag.training.upstream_warnings import upstream_deprecations
+
 logger = logging.getLogger(__name__)
 
 PINNED_TRL_VERSION: Final = "1.16.0"
@@ -39,7 +41,10 @@ class GRPOTrainerHooks(GRPOTrainer):
     """``GRPOTrainer`` with two hooks over its private API: :meth:`after_scoring` and :meth:`log_metric`."""
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        output = super()._generate_and_score_completions(inputs)
+        # TRL's disable_gradient_checkpointing around the old log-probabilities calls transformers' deprecated
+        # checkpointing aliases (three FutureWarnings on the terminal of make train)
+        with upstream_deprecations():
+            output = super()._generate_and_score_completions(inputs)
         self.after_scoring(output)
         return output
 
