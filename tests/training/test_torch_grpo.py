@@ -5,6 +5,7 @@ varied rewards and logs the TRL backend's metrics, and an interrupted run resume
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,14 @@ def test_the_backend_refuses_what_it_cannot_do(questions, retriever, tmp_path):
                       full_parameters=False, callbacks=[])
     with pytest.raises(ValueError, match=r"rl.backend.args.num_iterations"):
         backend.check_args({"num_iterations": 0}, "rl.backend.args")
+
+
+@pytest.mark.integration
+def test_activation_checkpointing_is_switched_on_by_its_current_name(questions, retriever, tmp_path):
+    settings = GRPOSettings(max_steps=1, gradient_checkpointing=True, **SETTINGS)
+    rollouts = AgentRollouts(questions, retriever, PositionScorer(), AGENT, seed=0, batch_size=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, history = train_torch_grpo(BUNDLED_TINY_LLAMA, questions, rollouts, tmp_path, settings)
+    assert [entry["step"] for entry in history] == [1]
+    assert not [str(w.message) for w in caught if "checkpointing" in str(w.message) and "deprecated" in str(w.message)]

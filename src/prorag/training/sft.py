@@ -102,7 +102,7 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
 
     from prorag.llm.registry import load_causal_lm
     from prorag.training.activation_budget import activation_bytes, checkpoint_beyond_budget, checkpointing_layers
-    from prorag.training.devices import bf16_compute, ensure_one_device
+    from prorag.training.devices import bf16_compute, ensure_one_device, frozen_linear_weights_in_bf16
     from prorag.training.trl_private import score_labelled_positions_only
 
     score_labelled_positions_only()
@@ -138,6 +138,8 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
         logger.info("SFT: layers checkpointed beyond %.0f MB of activations a step (a layer stores %.1f kB a token "
                     "+ %.1f MB): %d of %d layers plain at 1,000 tokens", settings.activation_budget_mb,
                     cost.per_token / 1e3, cost.fixed / 2**20, cost.layers_within(budget, 1000, layers), layers)
+    if config.bf16 and trainer.accelerator.num_processes == 1:
+        frozen_linear_weights_in_bf16(trainer.model)
     prepared = trainer.train_dataset[0]["labels"]
     if list(prepared) != rows[0]["labels"]:  # a TRL change that rebuilt the labels would silently train on context
         raise RuntimeError("SFTTrainer did not keep the labels of the pre-tokenized examples")
