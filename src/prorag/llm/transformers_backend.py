@@ -800,7 +800,8 @@ def _packed_gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     (``pack_gqa``). Here the query heads that share a KV head become more query rows of it, each with its token's
     mask row."""
     groups = getattr(module, "num_key_value_groups", 1)
-    if groups == 1 or query.shape[2] == 1 or attention_mask is None or attention_mask.dim() != 4 or dropout:
+    if (groups == 1 or query.shape[2] == 1 or attention_mask is None or attention_mask.dim() != 4
+            or attention_mask.shape[1] != 1 or dropout):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     rows, heads, length, dim = query.shape
