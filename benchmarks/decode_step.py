@@ -11,6 +11,7 @@ grouped-query attention prorag runs those steps with. Ratios are against one tok
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -42,11 +43,7 @@ def step_seconds(model: torch.nn.Module, rows: int, fed: int, past: int, repeats
             for layer in cache.layers:  # the same slots every repeat
                 layer.cumulative_length.fill_(past)
             start = time.perf_counter()
-            if packed:
-                with _grouped_query_attention(model):
-                    model(input_ids=ids, attention_mask=mask, position_ids=positions[None].expand(rows, fed),
-                          past_key_values=cache, cache_position=positions, use_cache=True, logits_to_keep=fed)
-            else:
+            with _grouped_query_attention(model) if packed else contextlib.nullcontext():
                 model(input_ids=ids, attention_mask=mask, position_ids=positions[None].expand(rows, fed),
                       past_key_values=cache, cache_position=positions, use_cache=True, logits_to_keep=fed)
             times.append(time.perf_counter() - start)

@@ -148,7 +148,7 @@ class _StopStrings(StoppingCriteria):
         if (self.may_end is not None and tail[-1] not in self.may_end) \
                 or (self.may_start is not None and self.may_start.isdisjoint(tail)):
             return False  # cannot have completed a stop string at this token
-        text = self.tokenizer.decode(tail[-self.window:], skip_special_tokens=True)
+        text = self.tokenizer.decode(tail, skip_special_tokens=True)
         if any(stop in text for stop in self.stops):
             self.done[row] = True
             self.stopped_at[row] = generated

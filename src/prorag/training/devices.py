@@ -75,8 +75,9 @@ def fp32_master_weights(model: nn.Module) -> nn.Module:
 def frozen_linear_weights_in_bf16(model: nn.Module) -> int:
     """Store the frozen weights of ``model``'s linear layers in bf16, for training under bf16 autocast; returns how
     many. Autocast casts an fp32 weight to bf16 at every forward, and again in each checkpointed recompute (it caches
-    the casts of trainable weights only): about 10% of an SFT step of SmolLM2 + LoRA here. The pre-cast copy holds
-    the same bf16 values (round to nearest even), so the steps compute the same numbers. Trainable weights (LoRA's,
+    the casts of trainable weights only); stored once, they take half the memory (3 SFT steps of make train: peak
+    4.69 -> 4.44 GiB, 1.02x the time). The pre-cast copy holds the same bf16 values (round to nearest even), so the
+    steps compute the same numbers. Trainable weights (LoRA's,
     fp32 for the optimizer) and weights an embedding shares (a tied ``lm_head``, whose lookup stays fp32) are left
     as they are; only for one process (sharded launches flatten parameters of one dtype)."""
     import torch

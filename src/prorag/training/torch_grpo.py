@@ -129,9 +129,8 @@ def train_torch_grpo(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase
     reference = (copy.deepcopy(policy).eval().requires_grad_(False)
                  if full_parameters and settings.beta > 0 else None)
     if settings.gradient_checkpointing:
-        # transformers 5.2x renamed it (the old name warns that it goes in v6), and its keyword: passed by position
-        enable = getattr(policy, "activation_checkpointing_enable", None) or policy.gradient_checkpointing_enable
-        enable({"use_reentrant": False})
+        # transformers' current name (gradient_checkpointing_enable warns that it goes in v6)
+        policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if hasattr(policy, "enable_input_require_grads"):
             policy.enable_input_require_grads()
     trainable = [parameter for parameter in policy.parameters() if parameter.requires_grad]
