@@ -150,17 +150,24 @@ def test_train_sft_lora_writes_a_loadable_adapter(one_torch_thread, tokenizer, m
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize(("mixed_precision", "computed_in"), [("no", "torch.float32"), ("bf16", "torch.bfloat16")])
-def test_mixed_precision_computes_in_bf16_over_fp32_weights(one_torch_thread, tokenizer, musique, tmp_path,
-                                                            mixed_precision, computed_in):
+@pytest.mark.parametrize(("mixed_precision", "frozen_in", "computed_in"),
+                         [("no", "torch.float32", "torch.float32"), ("bf16", "torch.bfloat16", "torch.bfloat16")])
+def test_mixed_precision_computes_in_bf16_and_keeps_trainable_weights_fp32(one_torch_thread, tokenizer, musique,
+                                                                           tmp_path, mixed_precision, frozen_in,
+                                                                           computed_in):
+    """Under bf16 the frozen base weights are stored in bf16 (frozen_linear_weights_in_bf16) while LoRA's trainable
+    weights stay fp32 for the optimizer; without it every weight stays fp32."""
     from transformers import TrainerCallback
 
     seen: dict[str, str] = {}
 
     class RecordDtypes(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
-            projection = next(module for name, module in model.named_modules() if name.endswith("down_proj.base_layer"))
-            seen["weights"] = str(projection.weight.dtype)
+            modules = dict(model.named_modules())
+            projection = next(module for name, module in modules.items() if name.endswith("down_proj.base_layer"))
+            adapter = next(module for name, module in modules.items() if name.endswith("down_proj.lora_A.default"))
+            seen["frozen"] = str(projection.weight.dtype)
+            seen["trainable"] = str(adapter.weight.dtype)
             projection.register_forward_hook(self.record)
 
         @staticmethod
@@ -174,7 +181,7 @@ def test_mixed_precision_computes_in_bf16_over_fp32_weights(one_torch_thread, to
                    SFTSettings(lora_r=4, lora_alpha=8, max_steps=1, per_device_train_batch_size=1,
                                target_modules=["down_proj"], mixed_precision=mixed_precision),
                    callbacks=[RecordDtypes()])
-    assert seen == {"weights": "torch.float32", "output": computed_in}
+    assert seen == {"frozen": frozen_in, "trainable": "torch.float32", "output": computed_in}
 
 
 
