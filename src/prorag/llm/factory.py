@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Literal
 
 from prorag.llm.generation import Generator
@@ -54,9 +53,9 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
     if adapter:
         from peft import PeftModel
 
-        with warnings.catch_warnings():  # raised inside PEFT by transformers 5 (upstream; nothing to change here)
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated",
-                                    category=FutureWarning)
+        from prorag.llm.upstream_warnings import upstream_deprecations
+
+        with upstream_deprecations():  # PEFT reads transformers' deprecated is_gradient_checkpointing
             loaded = PeftModel.from_pretrained(loaded, adapter).merge_and_unload()
         loaded.eval()
     return TransformersGenerator((loaded, tokenizer), dtype=dtype, batch_size=batch_size,

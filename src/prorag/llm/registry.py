@@ -212,7 +212,10 @@ def merged_policy(base_model: str, adapter_dir: str | Path | None,
     if adapter_dir is not None and (Path(adapter_dir) / ADAPTER_CONFIG).is_file():
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+        from prorag.llm.upstream_warnings import upstream_deprecations
+
+        with upstream_deprecations():  # PEFT reads transformers' deprecated is_gradient_checkpointing
+            model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     model.config.name_or_path = model.name_or_path = portable_name(base_model)
     return model, tokenizer
 

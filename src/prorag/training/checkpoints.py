@@ -73,7 +73,7 @@ def continue_adapter(model: Any, adapter_dir: str | Path) -> Any:
     folder, the save reads its config, and :func:`save_adapter` records the portable name again."""
     from peft import PeftModel
 
-    from prorag.training.upstream_warnings import upstream_deprecations
+    from prorag.llm.upstream_warnings import upstream_deprecations
 
     with upstream_deprecations():  # PEFT wraps the model: transformers' is_gradient_checkpointing FutureWarning
         continued = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)

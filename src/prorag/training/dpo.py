@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import Field
 
 from prorag.llm.generation import render_chat
+from prorag.llm.upstream_warnings import upstream_deprecations
 from prorag.specs import Dtype, PositiveInt, Seed
 from prorag.training.checkpoints import (
     CHECKPOINTS,
@@ -47,7 +48,6 @@ from prorag.training.checkpoints import (
     train_resumable,
 )
 from prorag.training.config import FIXED_BY_PRORAG, CheckpointSettings, LoraSettings, TrainerArgs, TRLConfigName
-from prorag.training.upstream_warnings import upstream_deprecations
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, TrainerCallback

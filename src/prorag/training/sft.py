@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from prorag.llm.generation import render_chat
+from prorag.llm.upstream_warnings import upstream_deprecations
 from prorag.memory import release_memory
 from prorag.protocol.base import ProtocolAdapter
 from prorag.protocol.registry import build_adapter
 from prorag.training.checkpoints import CHECKPOINTS, checkpoint_arguments, save_adapter, train_resumable
 from prorag.training.config import SFT_TRL_NAMES, SFTSettings
-from prorag.training.upstream_warnings import upstream_deprecations
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, TrainerCallback

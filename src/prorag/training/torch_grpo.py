@@ -38,13 +38,13 @@ from prorag.config import StrictModel
 from prorag.judges.limits import use_ledger
 from prorag.llm.registry import make_adapter_portable
 from prorag.llm.transformers_backend import TransformersGenerator
+from prorag.llm.upstream_warnings import upstream_deprecations
 from prorag.memory import release_memory
 from prorag.rewards.diagnostics import grpo_advantages, uniform_groups
 from prorag.specs import PositiveInt
 from prorag.training.checkpoints import COMPLETED_MARKER, continue_adapter, last_complete_checkpoint
 from prorag.training.devices import bf16_compute, ensure_one_device, fp32_master_weights, launched_processes
 from prorag.training.grpo import JUDGE_LEDGER, STAT_PREFIX, AgentRollouts, RolloutBatch, unique_questions
-from prorag.training.upstream_warnings import upstream_deprecations
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

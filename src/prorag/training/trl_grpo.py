@@ -47,6 +47,7 @@ from prorag.judges.limits import use_ledger
 from prorag.llm.generation import Generator
 from prorag.llm.registry import make_adapter_portable
 from prorag.llm.transformers_backend import TransformersGenerator
+from prorag.llm.upstream_warnings import upstream_deprecations
 from prorag.memory import release_memory
 from prorag.rewards.scoring import Ratio
 from prorag.training.checkpoints import continue_adapter
@@ -61,7 +62,6 @@ from prorag.training.grpo import (
     unique_questions,
 )
 from prorag.training.trl_private import GRPOTrainerHooks, score_labelled_positions_only, sync_every_replica
-from prorag.training.upstream_warnings import upstream_deprecations
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback

@@ -26,7 +26,7 @@ import trl
 import trl.trainer.utils as trl_trainer_utils
 from trl import GRPOTrainer
 
-from prorag.training.upstream_warnings import upstream_deprecations
+from prorag.llm.upstream_warnings import upstream_deprecations
 
 logger = logging.getLogger(__name__)
 

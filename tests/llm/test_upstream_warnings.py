@@ -8,9 +8,9 @@ import warnings
 import pytest
 
 from prorag.llm.registry import BUNDLED_TINY_LLAMA, load_causal_lm
+from prorag.llm.upstream_warnings import upstream_deprecations
 from prorag.training.config import GRPOSettings
 from prorag.training.torch_grpo import _policy
-from prorag.training.upstream_warnings import upstream_deprecations
 
 DEPRECATED = "`is_gradient_checkpointing` is deprecated"
 
@@ -58,3 +58,21 @@ def test_the_checkpointing_switches_trl_calls_around_generation_warn_only_outsid
             model.gradient_checkpointing_disable()
 
     assert _caught(inside) == []
+
+
+def test_merging_a_trained_adapter_warns_nothing_upstream(tiny, tmp_path):
+    """``prorag ask``, ``prorag serve --adapter``, the rollouts and the MLflow export load a trained policy through
+    ``merged_policy`` or the generator factory: PEFT's read of the deprecated alias stays off their terminal."""
+    from peft import LoraConfig, get_peft_model
+
+    from prorag.llm.factory import build_generator
+    from prorag.llm.registry import merged_policy
+
+    model, _ = load_causal_lm(BUNDLED_TINY_LLAMA)
+    with upstream_deprecations():
+        adapted = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    adapted.save_pretrained(str(tmp_path / "adapter"))
+
+    for load in (lambda: merged_policy(BUNDLED_TINY_LLAMA, tmp_path / "adapter"),
+                 lambda: build_generator(BUNDLED_TINY_LLAMA, adapter=str(tmp_path / "adapter"))):
+        assert not [message for message in _caught(load) if "is deprecated" in message]
