@@ -60,7 +60,7 @@ def test_the_checkpointing_switches_trl_calls_around_generation_warn_only_outsid
     assert _caught(inside) == []
 
 
-def test_merging_a_trained_adapter_warns_nothing_upstream(tiny, tmp_path):
+def test_merging_a_trained_adapter_warns_nothing_upstream(one_torch_thread, tmp_path):
     """``prorag ask``, ``prorag serve --adapter``, the rollouts and the MLflow export load a trained policy through
     ``merged_policy`` or the generator factory: PEFT's read of the deprecated alias stays off their terminal."""
     from peft import LoraConfig, get_peft_model
