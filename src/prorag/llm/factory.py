@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from prorag.llm.generation import Generator
-from prorag.llm.registry import load_causal_lm
+from prorag.llm.registry import load_causal_lm, merge_adapter
 from prorag.llm.served import TrainedServerSpec
 
 Backend = Literal["transformers", "openai"]
@@ -51,12 +51,7 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
 
     loaded, tokenizer = load_causal_lm(model, dtype=dtype, device=device)
     if adapter:
-        from peft import PeftModel
-
-        from prorag.llm.upstream_warnings import upstream_deprecations
-
-        with upstream_deprecations():  # PEFT reads transformers' deprecated is_gradient_checkpointing
-            loaded = PeftModel.from_pretrained(loaded, adapter).merge_and_unload()
+        loaded = merge_adapter(loaded, adapter)
         loaded.eval()
     return TransformersGenerator((loaded, tokenizer), dtype=dtype, batch_size=batch_size,
                                  prefix_cache_idle_calls=prefix_cache_idle_calls, draft_tokens=draft_tokens)

@@ -203,6 +203,17 @@ def load_causal_lm(spec: str, dtype: str = "float32", device: str = "cpu",
     return model, load_tokenizer(spec)
 
 
+def merge_adapter(model: PreTrainedModel, adapter_dir: str | Path) -> PreTrainedModel:
+    """``model`` with the PEFT LoRA adapter in ``adapter_dir`` merged into its weights (a plain transformers model);
+    PEFT's read of transformers' deprecated alias is kept off the terminal (:mod:`prorag.llm.upstream_warnings`)."""
+    from peft import PeftModel
+
+    from prorag.llm.upstream_warnings import upstream_deprecations
+
+    with upstream_deprecations():
+        return PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+
+
 def merged_policy(base_model: str, adapter_dir: str | Path | None,
                   dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``base_model`` with the PEFT adapter in ``adapter_dir`` merged in (none: the base alone), named by its
@@ -210,12 +221,7 @@ def merged_policy(base_model: str, adapter_dir: str | Path | None,
     machine."""
     model, tokenizer = load_causal_lm(base_model, dtype=dtype)
     if adapter_dir is not None and (Path(adapter_dir) / ADAPTER_CONFIG).is_file():
-        from peft import PeftModel
-
-        from prorag.llm.upstream_warnings import upstream_deprecations
-
-        with upstream_deprecations():  # PEFT reads transformers' deprecated is_gradient_checkpointing
-            model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+        model = merge_adapter(model, adapter_dir)
     model.config.name_or_path = model.name_or_path = portable_name(base_model)
     return model, tokenizer
 

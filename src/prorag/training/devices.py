@@ -77,9 +77,9 @@ def frozen_linear_weights_in_bf16(model: nn.Module) -> int:
     many. Autocast casts an fp32 weight to bf16 at every forward, and again in each checkpointed recompute (it caches
     the casts of trainable weights only); stored once, they take half the memory (3 SFT steps of make train: peak
     4.69 -> 4.44 GiB, 1.02x the time). The pre-cast copy holds the same bf16 values (round to nearest even), so the
-    steps compute the same numbers. Trainable weights (LoRA's,
-    fp32 for the optimizer) and weights an embedding shares (a tied ``lm_head``, whose lookup stays fp32) are left
-    as they are; only for one process (sharded launches flatten parameters of one dtype)."""
+    steps compute the same numbers. Trainable weights (LoRA's, fp32 for the optimizer) and weights an embedding shares
+    (a tied ``lm_head``, whose lookup stays fp32) are left as they are; only for one process (sharded launches flatten
+    parameters of one dtype)."""
     import torch
 
     shared = {module.weight.data_ptr() for module in model.modules() if isinstance(module, torch.nn.Embedding)}

@@ -36,7 +36,7 @@ from pydantic import Field, ValidationError
 
 from prorag.config import StrictModel
 from prorag.judges.limits import use_ledger
-from prorag.llm.registry import make_adapter_portable
+from prorag.llm.registry import make_adapter_portable, merge_adapter
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.llm.upstream_warnings import upstream_deprecations
 from prorag.memory import release_memory
@@ -250,7 +250,7 @@ def _policy(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], settin
             adapter_dir: str | Path | None, full_parameters: bool) -> tuple[Any, Any]:
     """The trainable policy: every parameter (fp32 master weights; a given adapter merged in first), the given
     adapter continued, or a fresh LoRA adapter (``settings.lora``)."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, get_peft_model
 
     from prorag.llm.registry import load_causal_lm
 
@@ -259,7 +259,7 @@ def _policy(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase], settin
     with upstream_deprecations():  # PEFT reads transformers' deprecated is_gradient_checkpointing
         if full_parameters:
             if adapter_dir is not None:
-                policy = PeftModel.from_pretrained(policy, str(adapter_dir)).merge_and_unload()
+                policy = merge_adapter(policy, adapter_dir)
             return fp32_master_weights(policy).requires_grad_(True), tokenizer
         if adapter_dir is not None:
             return continue_adapter(policy, adapter_dir), tokenizer

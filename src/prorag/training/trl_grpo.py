@@ -45,7 +45,7 @@ from trl.models.utils import unwrap_model_for_generation
 
 from prorag.judges.limits import use_ledger
 from prorag.llm.generation import Generator
-from prorag.llm.registry import make_adapter_portable
+from prorag.llm.registry import make_adapter_portable, merge_adapter
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.llm.upstream_warnings import upstream_deprecations
 from prorag.memory import release_memory
@@ -297,7 +297,7 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
     (``rl.backend.args``) are other ``GRPOConfig`` fields, passed through (:func:`check_grpo_args`).
     """
     trainer_args = check_grpo_args(trainer_args or {})
-    from peft import LoraConfig, PeftModel
+    from peft import LoraConfig
 
     from prorag.llm.registry import load_causal_lm
 
@@ -336,8 +336,7 @@ def build_grpo_trainer(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBa
     peft_config = None
     if full_parameters:
         if adapter_dir is not None:
-            with upstream_deprecations():
-                policy = PeftModel.from_pretrained(policy, str(adapter_dir)).merge_and_unload()
+            policy = merge_adapter(policy, adapter_dir)
         policy = fp32_master_weights(policy)
     elif adapter_dir is not None:
         policy = continue_adapter(policy, adapter_dir)
