@@ -293,21 +293,23 @@ class TransformersGenerator:
         results: list[list[Completion | None]] = [[None] * copies for _ in encoded]
         with self._lock, torch.inference_mode(), _seeded(params.seed, self.model.device):
             self._count(calls=1)
-            if self.prefix_cache is not None:
-                self.prefix_cache.validate(_weights_fingerprint(self.model))
-                self.prefix_cache.begin_call()
-                self._prefill_shared([encoded[index] for index, _ in rows])
-            reused = (self._prefill_rows([encoded[index] for index, _ in rows])
-                      if self.prefix_cache is not None and len(rows) > 1 else {})
-            for start, stop in self._decoding_batches([len(encoded[index]) for index, _ in rows],
-                                                      params.max_new_tokens + self._draft_room(params)):
-                chunk = rows[start:stop]
-                if cancelled is not None and cancelled():
-                    raise GenerationCancelled(f"cancelled after {start} of {len(rows)} rows")
-                outputs = self._generate_batch([encoded[index] for index, _ in chunk], params, cancelled, reused)
-                for (index, sample), completion in zip(chunk, outputs, strict=True):
-                    results[index][sample] = completion
-            return_free_heap()  # the batches' pasts and the replaced cache entries
+            try:
+                if self.prefix_cache is not None:
+                    self.prefix_cache.validate(_weights_fingerprint(self.model))
+                    self.prefix_cache.begin_call()
+                    self._prefill_shared([encoded[index] for index, _ in rows])
+                reused = (self._prefill_rows([encoded[index] for index, _ in rows])
+                          if self.prefix_cache is not None and len(rows) > 1 else {})
+                for start, stop in self._decoding_batches([len(encoded[index]) for index, _ in rows],
+                                                          params.max_new_tokens + self._draft_room(params)):
+                    chunk = rows[start:stop]
+                    if cancelled is not None and cancelled():
+                        raise GenerationCancelled(f"cancelled after {start} of {len(rows)} rows")
+                    outputs = self._generate_batch([encoded[index] for index, _ in chunk], params, cancelled, reused)
+                    for (index, sample), completion in zip(chunk, outputs, strict=True):
+                        results[index][sample] = completion
+            finally:  # also when a batch raises (a cancelled server request): its past is freed either way
+                return_free_heap()  # the batches' pasts and the replaced cache entries
         final: list[list[Completion]] = []
         for samples in results:
             done = [completion for completion in samples if completion is not None]
