@@ -3,6 +3,7 @@ import random
 import pytest
 import torch
 
+from prorag.llm import transformers_backend
 from prorag.llm.generation import (
     Completion,
     GenerationCancelled,
@@ -139,16 +140,14 @@ def test_a_cancelled_call_stops_at_the_next_decoded_token(tiny_generator):
     assert len(never[0][0].token_ids) == 5  # the generator is usable after a cancelled call
 
 
-
 def test_a_cancelled_call_still_hands_the_heap_back(tiny_generator, monkeypatch):
-    import prorag.llm.transformers_backend as backend
-
     returned = []
-    monkeypatch.setattr(backend, "return_free_heap", lambda: returned.append(1))
+    monkeypatch.setattr(transformers_backend, "return_free_heap", lambda: returned.append(1))
     with pytest.raises(GenerationCancelled):
         tiny_generator.generate(["hello", "there"], SamplingParams(max_new_tokens=50, temperature=1.0, n=2),
                                 cancelled=lambda: True)
     assert returned == [1]  # the cancelled batches' pasts go back to the OS now, not at the next call
+
 
 def test_greedy_n_returns_independent_copies(tiny_generator):
     samples = tiny_generator.generate(PROMPTS[:1], SamplingParams(max_new_tokens=4, n=2))[0]
