@@ -43,7 +43,7 @@ def build_policy(policy: PolicySpec) -> Generator:
                                 batch_size=policy.batch_size, base_url=policy.base_url,
                                 api_key_env=policy.api_key_env, trained_server=policy.trained_server,
                                 device=policy.device, prefix_cache_idle_calls=POLICY_PREFIX_CACHE_IDLE_CALLS,
-                                draft_tokens=policy.draft_tokens)
+                                draft_tokens=policy.draft_tokens, mixed_precision=policy.mixed_precision)
     with contextlib.suppress(AttributeError):  # a generator with __slots__ keeps its class name as the label
         generator.label = policy.label  # type: ignore[attr-defined]
     return generator

@@ -13,11 +13,14 @@ import difflib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from prorag.errors import UserError
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+MixedPrecision = Annotated[Literal["no", "bf16"], BeforeValidator(lambda value: "no" if value is False else value)]
+"""``bf16``: compute in bf16 under autocast over the weights' dtype (:mod:`prorag.llm.precision`); YAML reads a bare
+``no`` (``--params sft.mixed_precision=no``) as false, which means ``no`` here."""
 PositiveInt = Annotated[int, Field(ge=1)]
 Seed = Annotated[int, Field(ge=0)]
 """Field types shared by every schema (also exported by :mod:`prorag.specs`)."""

@@ -23,7 +23,7 @@ from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from prorag.config import Dtype, PositiveInt, Seed, StrictModel
+from prorag.config import Dtype, MixedPrecision, PositiveInt, Seed, StrictModel
 from prorag.llm.registry import BUNDLED_SMOLLM2
 from prorag.llm.served import TrainedServerSpec
 from prorag.protocol.registry import adapter_factory
@@ -62,6 +62,11 @@ class PolicySpec(StrictModel):
     api_key_env: str | None = "OPENAI_API_KEY"
     """The NAME of the environment variable holding the key (backend openai); null: a keyless local server."""
     dtype: Dtype = "float32"
+    mixed_precision: MixedPrecision = "no"
+    """transformers backend: ``bf16`` runs the linear layers and attention in bf16 under autocast over ``dtype``'s
+    weights (stored in bf16 once), the residual stream and norms as ``dtype``: SFT's forward under
+    ``sft.mixed_precision: bf16``, except that a merged adapter's update is rounded into the bf16 weights
+    (:mod:`prorag.llm.precision`)."""
     batch_size: PositiveInt = 8
     draft_tokens: int = Field(default=3, ge=0)
     """transformers backend: prompt-lookup ids each greedy decoding step verifies per row (0: one token a step); the

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from prorag.llm.generation import Generator
 from prorag.llm.registry import load_causal_lm, merge_adapter
 from prorag.llm.served import TrainedServerSpec
+
+if TYPE_CHECKING:
+    from prorag.config import MixedPrecision
 
 Backend = Literal["transformers", "openai"]
 
@@ -16,7 +19,8 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
                     api_key_env: str | None = "OPENAI_API_KEY", mode: Literal["completions", "chat"] = "completions",
                     max_concurrency: int = 16, timeout: float = 120.0,
                     trained_server: TrainedServerSpec | None = None, device: str = "cpu",
-                    prefix_cache_idle_calls: int | None = None, draft_tokens: int = 3) -> Generator:
+                    prefix_cache_idle_calls: int | None = None, draft_tokens: int = 3,
+                    mixed_precision: MixedPrecision = "no") -> Generator:
     """A generator for ``model`` (a registry spec), optionally with a PEFT LoRA ``adapter`` merged in.
 
     ``backend="openai"`` talks to an OpenAI-compatible server (vLLM, ``prorag serve``) at ``base_url``; the
@@ -26,7 +30,9 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
     ids can be accounted. A trained policy goes through the server too (:mod:`prorag.llm.served`): an ``adapter``
     is loaded into the server at ``base_url`` and requested by its name; a full model ``model`` folder is
     requested by name from ``trained_server`` (launched there when it says so). ``device`` places the in-process
-    (transformers) model; ``draft_tokens`` its greedy decoding's prompt-lookup drafts.
+    (transformers) model; ``draft_tokens`` its greedy decoding's prompt-lookup drafts; ``mixed_precision="bf16"``
+    stores its linear weights in bf16 and generates under bf16 autocast (:mod:`prorag.llm.precision`; a server's
+    precision is the server's own).
     """
     if backend == "openai":
         from prorag.llm.openai_backend import OpenAICompatibleGenerator, api_key_from_env
@@ -53,8 +59,13 @@ def build_generator(model: str, *, backend: Backend = "transformers", adapter: s
     if adapter:
         loaded = merge_adapter(loaded, adapter)
         loaded.eval()
+    if mixed_precision == "bf16":
+        from prorag.llm.precision import inference_weights_in_bf16
+
+        inference_weights_in_bf16(loaded)
     return TransformersGenerator((loaded, tokenizer), dtype=dtype, batch_size=batch_size,
-                                 prefix_cache_idle_calls=prefix_cache_idle_calls, draft_tokens=draft_tokens)
+                                 prefix_cache_idle_calls=prefix_cache_idle_calls, draft_tokens=draft_tokens,
+                                 mixed_precision=mixed_precision)
 
 
 def _serves(base_url: str, model: str, api_key: str | None) -> bool:

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="dtype of the weights (default: %(default)s)")
+    parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16"],
+                        help="bf16: the linear layers in bf16 under autocast over --dtype's weights, as SFT trains "
+                             "(prorag.llm.precision; default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=8, help="rows per model.generate call (default: %(default)s)")
     parser.add_argument("--max-batch-size", type=int, default=8,
@@ -97,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Load the model and serve it in the foreground until interrupted."""
     import uvicorn
 
-    from prorag.llm.transformers_backend import TransformersGenerator
+    from prorag.llm.factory import build_generator
     from prorag.serving.app import create_app
     from prorag.serving.guard import allowed_hosts_for, server_config
 
@@ -116,18 +119,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch.set_num_threads(args.torch_threads)
     if args.adapter is not None:
-        from prorag.llm.factory import build_generator
         from prorag.llm.registry import adapter_base_model
 
         model = args.model or adapter_base_model(args.adapter)
         logger.info("loading %s with the adapter %s merged (%s on %s)", model, args.adapter, args.dtype, args.device)
-        generator = build_generator(model, adapter=args.adapter, dtype=args.dtype, batch_size=args.batch_size,
-                                    device=args.device)
         served_name = args.served_model_name or Path(args.adapter).name
     else:
-        logger.info("loading %s (%s on %s)", args.model, args.dtype, args.device)
-        generator = TransformersGenerator(args.model, dtype=args.dtype, device=args.device, batch_size=args.batch_size)
-        served_name = args.served_model_name or args.model
+        model = args.model
+        logger.info("loading %s (%s on %s)", model, args.dtype, args.device)
+        served_name = args.served_model_name or model
+    generator = build_generator(model, adapter=args.adapter, dtype=args.dtype, batch_size=args.batch_size,
+                                device=args.device, mixed_precision=args.mixed_precision)
     app = create_app(generator, served_name, args.max_batch_size, args.batch_wait_ms,
                      api_key=api_key, max_tokens_limit=args.max_tokens_limit,
                      default_max_tokens=args.default_max_tokens, max_n=args.max_n,

@@ -70,26 +70,3 @@ def fp32_master_weights(model: nn.Module) -> nn.Module:
     if any(parameter.is_floating_point() and parameter.dtype != torch.float32 for parameter in model.parameters()):
         model = model.to(torch.float32)
     return model
-
-
-def frozen_linear_weights_in_bf16(model: nn.Module) -> int:
-    """Store the frozen weights of ``model``'s linear layers in bf16, for training under bf16 autocast; returns how
-    many. Autocast casts an fp32 weight to bf16 at every forward, and again in each checkpointed recompute (it caches
-    the casts of trainable weights only); stored once, they take half the memory (3 SFT steps of make train: peak
-    4.69 -> 4.44 GiB, 1.02x the time). The pre-cast copy holds the same bf16 values (round to nearest even), so the
-    steps compute the same numbers. Trainable weights (LoRA's, fp32 for the optimizer) and weights an embedding shares
-    (a tied ``lm_head``, whose lookup stays fp32) are left as they are; only for one process (sharded launches flatten
-    parameters of one dtype)."""
-    import torch
-
-    shared = {module.weight.data_ptr() for module in model.modules() if isinstance(module, torch.nn.Embedding)}
-    converted = 0
-    for module in model.modules():
-        if not isinstance(module, torch.nn.Linear):
-            continue
-        for parameter in (module.weight, module.bias):
-            if (parameter is not None and not parameter.requires_grad and parameter.dtype == torch.float32
-                    and parameter.data_ptr() not in shared):
-                parameter.data = parameter.data.to(torch.bfloat16)
-                converted += 1
-    return converted
