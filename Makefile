@@ -75,7 +75,7 @@ models: setup
 # default libgomp's threads (torch's intra-op pool) spin briefly and then sleep, and waking them cost more than the work
 # between regions here: alone, 4 SFT steps ran 1.40x faster (98.2 vs 70.1 s, the bitwise same adapter) and the
 # SFT-agent rollouts 1.14x (the same 30 completions); whole make train runs vary more than that from hour to hour
-# (12:50-16:31 with it, the same 150 trajectories; docs/rollout-speed.md). A spinning pool keeps its cores busy while
+# (10:38-16:31 with it, the same 150 trajectories; docs/rollout-speed.md). A spinning pool keeps its cores busy while
 # idle, so servers and the tests (servers beside their clients) keep the default. `OMP_WAIT_POLICY=PASSIVE make train`
 # turns it off.
 OWN_CORES := OMP_WAIT_POLICY=$(or $(OMP_WAIT_POLICY),ACTIVE)
