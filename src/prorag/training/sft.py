@@ -100,9 +100,9 @@ def train_sft_lora(model_spec: str, examples: Iterable[Mapping[str, Sequence[int
     from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 
+    from prorag.llm.precision import frozen_linear_weights_in_bf16
     from prorag.llm.registry import load_causal_lm
     from prorag.training.activation_budget import activation_bytes, checkpoint_beyond_budget, checkpointing_layers
-    from prorag.llm.precision import frozen_linear_weights_in_bf16
     from prorag.training.devices import bf16_compute, ensure_one_device
     from prorag.training.trl_private import score_labelled_positions_only
 

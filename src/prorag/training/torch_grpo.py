@@ -36,6 +36,7 @@ from pydantic import Field, ValidationError
 
 from prorag.config import StrictModel
 from prorag.judges.limits import use_ledger
+from prorag.llm.precision import compute_precision
 from prorag.llm.registry import make_adapter_portable, merge_adapter
 from prorag.llm.transformers_backend import TransformersGenerator
 from prorag.llm.upstream_warnings import upstream_deprecations
@@ -157,7 +158,7 @@ def train_torch_grpo(model: str | tuple[PreTrainedModel, PreTrainedTokenizerBase
                     rolled = rollouts.roll_out(prompts, generator, step=step, rank=0, group_size=size,
                                                scale_rewards=settings.scale_rewards)
                 generation = _Generation.of(rolled, step, tokenizer, device, size, settings, args)
-                with torch.no_grad(), _autocast(device, autocast):
+                with torch.no_grad(), compute_precision("bf16" if autocast else "no", device):
                     if args.num_iterations > 1:  # with one update per batch π_old is the policy itself (ρ = 1)
                         generation.old_logps = _logps(policy, generation, settings.temperature)
                     if settings.beta > 0:
@@ -304,10 +305,6 @@ def _reference(policy: Any, reference: Any | None) -> Iterator[Any]:
         yield policy
 
 
-def _autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager[Any]:
-    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
-
-
 def _logps(model: Any, generation: _Generation, temperature: float, rows: slice = slice(None)) -> torch.Tensor:
     """Per predicted position, the log-probability of the next token under ``model`` at the sampling temperature."""
     ids = generation.ids[rows]
@@ -325,7 +322,7 @@ def _update(policy: Any, generation: _Generation, settings: GRPOSettings, args: 
     total_loss = kl_sum = clipped = 0.0
     for rows in generation.rows(settings.per_device_train_batch_size):
         mask = generation.mask[rows]
-        with _autocast(device, autocast):
+        with compute_precision("bf16" if autocast else "no", device):
             logps = _logps(policy, generation, settings.temperature, rows)
         ratio = torch.exp(logps - (old[rows] if old is not None else logps.detach()))
         advantages = generation.advantages[rows].unsqueeze(1)
