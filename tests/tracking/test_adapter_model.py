@@ -108,7 +108,7 @@ def test_the_hook_logs_the_flavour_tracking_asks_for(mlflow_uri: str, trained_ad
 
     hook = MlflowTrackingHook()
     hook._settings = TrackingParams(model_flavor="transformers", max_artifact_mb=max_mb)
-    hook._parameters = {"policy": {"model": BUNDLED_TINY_LLAMA, "dtype": "float32"}}
+    hook._parameters = {"policy": {"model": BUNDLED_TINY_LLAMA, "dtype": "float32", "mixed_precision": "bf16"}}
     hook._child_tags = {"kedro.session_id": "s"}
     with mlflow.start_run() as run:
         pass
@@ -117,3 +117,20 @@ def test_the_hook_logs_the_flavour_tracking_asks_for(mlflow_uri: str, trained_ad
     loaded = mlflow.models.get_model_info(f"models:/{model.model_id}")
     assert set(loaded.flavors) == flavors
     assert ("larger than tracking.max_artifact_mb" in caplog.text) is (max_mb < 1)
+    if "transformers" not in flavors:  # the adapter model generates in the precision the policy was evaluated in
+        generator = mlflow.pyfunc.load_model(f"models:/{model.model_id}").unwrap_python_model().generator
+        assert generator.mixed_precision == "bf16"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("written", ["no", False])  # YAML reads a bare no as false
+def test_the_adapter_model_loads_in_full_precision_by_default(mlflow_uri: str, trained_adapter: Path,
+                                                              written: object) -> None:
+    from prorag.tracking.adapter_model import log_adapter_model
+
+    with mlflow.start_run() as run:
+        pass
+    info = log_adapter_model(trained_adapter, base_model=BUNDLED_TINY_LLAMA, run_id=run.info.run_id,
+                             name="sft_adapter", mixed_precision=written)  # type: ignore[arg-type]
+    generator = mlflow.pyfunc.load_model(info.model_uri).unwrap_python_model().generator
+    assert generator.mixed_precision == "no"

@@ -33,6 +33,8 @@ from mlflow.models import Model, ModelSignature
 from mlflow.models.model import ModelInfo
 from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
 
+from prorag.config import MixedPrecision
+
 ADAPTER_ARTIFACT: Final = "adapter"
 """The artifact key (and folder) of the PEFT adapter inside the logged model."""
 MODEL_CODE: Final = Path(__file__).with_name("adapter_model_code.py")
@@ -60,6 +62,7 @@ class PeftAdapterModel(mlflow.pyfunc.PythonModel):
         config = context.model_config or {}
         self.generator = build_generator(str(config["base_model"]), adapter=context.artifacts[ADAPTER_ARTIFACT],
                                          dtype=str(config.get("dtype", "float32")),
+                                         mixed_precision=config.get("mixed_precision") or "no",
                                          batch_size=int(config.get("batch_size", 8)))
 
     # model_input is hinted as a DataFrame: MLflow keeps the logged signature (a list[str] hint would replace it and
@@ -113,17 +116,18 @@ def _pinned_requirements() -> list[str]:
 
 
 def log_adapter_model(adapter_dir: str | Path, *, base_model: str, run_id: str, name: str,
-                      dtype: str = "float32", registered_model_name: str | None = None,
-                      tags: dict[str, str] | None = None) -> ModelInfo:
+                      dtype: str = "float32", mixed_precision: MixedPrecision = "no",
+                      registered_model_name: str | None = None, tags: dict[str, str] | None = None) -> ModelInfo:
     """Log the PEFT adapter in ``adapter_dir`` as a :class:`PeftAdapterModel` named ``name`` in run ``run_id``,
     with ``base_model`` (a registry spec or Hugging Face name) as its base; registered as
-    ``registered_model_name`` when given (a new version each time)."""
+    ``registered_model_name`` when given (a new version each time). ``dtype`` and ``mixed_precision`` are the
+    policy's (``policy.dtype``, ``policy.mixed_precision``): the loaded model generates as the evaluated one did."""
     with warnings.catch_warnings():  # no input example: MLflow would load the base model to try it
         warnings.filterwarnings("ignore", message=".*input example was not provided", category=UserWarning)
         return Model.log(
             artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, python_model=str(MODEL_CODE),
             artifacts={ADAPTER_ARTIFACT: str(adapter_dir)},
-            model_config={"base_model": base_model, "dtype": dtype},
+            model_config={"base_model": base_model, "dtype": dtype, "mixed_precision": mixed_precision},
             signature=adapter_signature(), pip_requirements=_pinned_requirements(),
             registered_model_name=registered_model_name, await_registration_for=0,
             metadata={"base_model": base_model, "adapter": "peft"}, tags=tags)
