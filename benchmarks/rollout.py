@@ -7,6 +7,8 @@ in-process transformers, greedy decoding). Every timed run starts from an empty 
 * **(a) batched engine vs one question at a time** — ``RolloutEngine(...).run(all questions)`` vs the same
   engine's ``.run([question])`` in a loop: trajectories/s and the ratio; check: identical trajectories (text,
   every segment's token ids, stop reason) under greedy decoding;
+* **(a') one question at a time, drafts vs none** — the loop of (a) again with ``draft_tokens=0``: a call of one
+  row (``prorag ask``) decoding one token a step vs with prompt-lookup drafts; check: identical trajectories;
 * **(b) engine vs raw generation** — the engine's generated tokens/s (multi-turn, stop strings, retrieval,
   bookkeeping; the KV cache carried across turns) vs one raw batched ``generator.generate`` of the same number
   of new tokens on the same first-turn prompts (a generator without the prefix cache): the ceiling the engine
@@ -139,6 +141,15 @@ def engine_sections(generator: TransformersGenerator, retriever: Any, questions:
         sequential += quiet.run([question])
     sequential_seconds = time.perf_counter() - started
     baseline, baseline_seconds, baseline_stats = timed_run(reprefill, uncached, questions)
+    # (a') one question at a time again, one token a step: a call of one row (prorag ask) without drafts
+    undrafted = TransformersGenerator((generator.model, generator.tokenizer), batch_size=args.batch_size,
+                                      draft_tokens=0)
+    one_token = RolloutEngine(undrafted, retriever, "hiprag", progress=False, **options)
+    one_at_a_time: list[Rollout] = []
+    started = time.perf_counter()
+    for question in tqdm(questions, desc="rollout, one question at a time, no drafts", unit="question", leave=False):
+        one_at_a_time += one_token.run([question])
+    undrafted_seconds = time.perf_counter() - started
 
     same = sum(trajectory_signature(a) == trajectory_signature(b) for a, b in zip(batched, sequential, strict=True))
     if same != len(questions):
@@ -157,6 +168,20 @@ def engine_sections(generator: TransformersGenerator, retriever: Any, questions:
                     f"identical trajectories (greedy): {same}/{len(questions)}; {tokens:,} generated tokens, "
                     f"turns {min(turns)}-{max(turns)}, searches {sum(r.retrieval_count for r in batched)}, "
                     f"stop reasons {reasons}"))
+
+    drafted_same = sum(trajectory_signature(a) == trajectory_signature(b)
+                       for a, b in zip(sequential, one_at_a_time, strict=True))
+    if drafted_same != len(questions):
+        failures.append(f"(a') {len(questions) - drafted_same}/{len(questions)} one-at-a-time trajectories with "
+                        "prompt-lookup drafts differ from those without")
+    section = f"(a') one question per engine.run, {len(questions)} questions: calls of one row"
+    rows.append(Row(section, "one token a step (draft_tokens=0: transformers' generate)", len(questions),
+                    "trajectories", undrafted_seconds, "1.00x",
+                    f"{sum(r.generated_tokens for r in one_at_a_time) / undrafted_seconds:,.0f} generated tokens/s"))
+    rows.append(Row(section, f"prompt-lookup drafts (draft_tokens={generator.draft_tokens}, the default)",
+                    len(questions), "trajectories", sequential_seconds,
+                    f"{undrafted_seconds / sequential_seconds:.2f}x",
+                    f"identical trajectories (greedy): {drafted_same}/{len(questions)}"))
 
     # (b) the same first-turn prompts, one raw batched generate of the same number of new tokens.
     prompts = [[*rollout.prompt_token_ids, *rollout.segments[0].token_ids] for rollout in batched]

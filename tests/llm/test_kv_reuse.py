@@ -243,8 +243,8 @@ def test_a_decoding_batch_prefills_one_token_per_row_after_ragged_insertions(tin
     layouts = []
     original = TransformersGenerator._layout
 
-    def spy(self, rows, new_tokens=0):
-        batch = original(self, rows, new_tokens)
+    def spy(self, rows, new_tokens=0, drafted=False):
+        batch = original(self, rows, new_tokens, drafted)
         layouts.append((new_tokens, batch.input_ids.shape[1] - batch.cached_width))
         return batch
 
@@ -301,8 +301,8 @@ def test_prefill_batches_are_capped_by_their_kv_memory(tiny_pair, monkeypatch):
         widths: list[tuple[int, int]] = []  # (rows, positions of past) of each prefill batch
         original = TransformersGenerator._layout
 
-        def spy(self, rows, new_tokens=0, widths=widths, original=original):
-            batch = original(self, rows, new_tokens)
+        def spy(self, rows, new_tokens=0, drafted=False, widths=widths, original=original):
+            batch = original(self, rows, new_tokens, drafted)
             if not new_tokens:
                 widths.append((len(rows), batch.input_ids.shape[1]))
             return batch

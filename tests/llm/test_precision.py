@@ -88,9 +88,9 @@ def _reference(model: torch.nn.Module, tokenizer, ids: list[int], *, autocast: b
 
 def test_mixed_precision_generation_is_transformers_generate_under_autocast(one_torch_thread):
     """Pre-cast weights and KV stored in bf16 compute what ``torch.autocast`` over the fp32 model does (it casts every
-    weight and KV at each step): a row alone, the same log-probabilities. A padded batch over the static cache
-    differs from it by bf16's rounding (its matrix products have other shapes), with the same tokens, and
-    prompt-lookup drafts change nothing in it."""
+    weight and KV at each step): a row alone without drafts (decoded by ``generate`` over its mask-free past), the
+    same log-probabilities. A padded batch over the static cache differs from it by bf16's rounding (its matrix
+    products have other shapes), with the same tokens, and prompt-lookup drafts change nothing in it."""
     model, tokenizer = load_causal_lm(BUNDLED_TINY_LLAMA)
     reference = copy.deepcopy(model)
     inference_weights_in_bf16(model)
@@ -98,7 +98,7 @@ def test_mixed_precision_generation_is_transformers_generate_under_autocast(one_
     prompts = [tokenizer(prompt)["input_ids"] for prompt in PROMPTS]
     expected = [_reference(reference, tokenizer, ids, autocast=True) for ids in prompts]
     full_precision = [_reference(reference, tokenizer, ids, autocast=False)[1] for ids in prompts]
-    generator = TransformersGenerator((model, tokenizer), batch_size=8, mixed_precision="bf16")
+    generator = TransformersGenerator((model, tokenizer), batch_size=8, mixed_precision="bf16", draft_tokens=0)
 
     for ids, (tokens, logprobs), fp32 in zip(prompts, expected, full_precision, strict=True):
         (alone,) = generator.generate([ids], params)[0]

@@ -101,6 +101,25 @@ def test_drafts_never_run_a_row_past_max_new_tokens(tiny_pair):
         assert all(len(s[0].token_ids) <= limit for s in ours)
 
 
+def test_one_row_decodes_with_drafts_to_the_output_of_transformers_generate(tiny_pair):
+    """A call of one row (``prorag ask``, one served request) drafts too; ``draft_tokens=0`` leaves one row to
+    transformers' ``generate`` over its mask-free past, the reference here."""
+    tokenizer = tiny_pair[1]
+    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"]
+               for text in ("alpha beta gamma " * 9, "river stone " * 14, "delta " * 3)]  # the last: too short to draft
+    drafted = TransformersGenerator(tiny_pair, batch_size=1, draft_tokens=3)
+    plain = TransformersGenerator(tiny_pair, batch_size=1, draft_tokens=0)
+    for params in (SamplingParams(max_new_tokens=14, logprobs=True),
+                   SamplingParams(max_new_tokens=14, stop=("ab", "e"), logprobs=True)):
+        for prompt in prompts:
+            [[mine]] = drafted.generate([prompt], params)
+            [[reference]] = plain.generate([prompt], params)
+            assert mine.token_ids == reference.token_ids and mine.text == reference.text
+            assert mine.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
+    assert plain.stats.draft_tokens == 0
+    assert 0 < drafted.stats.accepted_draft_tokens <= drafted.stats.draft_tokens
+
+
 def test_draft_tokens_must_not_be_negative(tiny_pair):
     with pytest.raises(ValueError, match="draft_tokens"):
         TransformersGenerator(tiny_pair, draft_tokens=-1)
@@ -108,7 +127,8 @@ def test_draft_tokens_must_not_be_negative(tiny_pair):
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_smollm2_drafted_greedy_decoding_is_the_greedy_output(one_torch_thread):
+@pytest.mark.parametrize("batch_size", [3, 1])  # 1: each row alone, against transformers' generate
+def test_smollm2_drafted_greedy_decoding_is_the_greedy_output(one_torch_thread, batch_size):
     """SmolLM2 (9 query heads over 3 KV heads) answering from a passage it may quote: the same output, drafts kept."""
     pair = load_causal_lm(BUNDLED_SMOLLM2)
     passage = ("The 2003 Italian Grand Prix was a Formula One motor race held on 14 September 2003 at the Autodromo "
@@ -121,7 +141,7 @@ def test_smollm2_drafted_greedy_decoding_is_the_greedy_output(one_torch_thread):
     params = SamplingParams(max_new_tokens=40, stop=("</answer>",), logprobs=True)
     runs = {}
     for drafts in (0, 3):
-        generator = TransformersGenerator(pair, batch_size=3, draft_tokens=drafts)
+        generator = TransformersGenerator(pair, batch_size=batch_size, draft_tokens=drafts)
         runs[drafts] = generator.generate(prompts, params), generator.stats
     (ours, stats), (plain, _) = runs[3], runs[0]
     assert [s[0].token_ids for s in ours] == [s[0].token_ids for s in plain]
