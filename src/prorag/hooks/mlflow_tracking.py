@@ -545,8 +545,8 @@ class MlflowTrackingHook:
                 logger.warning("MLflow: %s merged is larger than tracking.max_artifact_mb (%.0f MB): logged as a "
                                "pyfunc model instead (tracking.upload_large_models: true logs it merged)",
                                dataset_name, self._settings.max_artifact_mb)
-        if info is None:  # YAML reads a bare no as false
-            mixed_precision = _parameter(self._parameters, "policy.mixed_precision") or "no"
+        if info is None:
+            mixed_precision = _parameter(self._parameters, "policy.mixed_precision") or "no"  # YAML's bare no: false
             info = log_adapter_model(path, mixed_precision=mixed_precision, **options)
         if info.registered_model_version is not None and prefix is not None:
             for key, value in {"kedro.session_id": self._child_tags["kedro.session_id"], BASE_MODEL_TAG: base_model,
