@@ -546,8 +546,8 @@ class MlflowTrackingHook:
                                "pyfunc model instead (tracking.upload_large_models: true logs it merged)",
                                dataset_name, self._settings.max_artifact_mb)
         if info is None:
-            mixed_precision = _parameter(self._parameters, "policy.mixed_precision") or "no"  # YAML's bare no: false
-            info = log_adapter_model(path, mixed_precision=mixed_precision, **options)
+            info = log_adapter_model(path, mixed_precision=_parameter(self._parameters, "policy.mixed_precision"),
+                                     **options)
         if info.registered_model_version is not None and prefix is not None:
             for key, value in {"kedro.session_id": self._child_tags["kedro.session_id"], BASE_MODEL_TAG: base_model,
                                ADAPTER_TAG: dataset_name}.items():

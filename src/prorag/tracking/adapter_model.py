@@ -62,7 +62,7 @@ class PeftAdapterModel(mlflow.pyfunc.PythonModel):
         config = context.model_config or {}
         self.generator = build_generator(str(config["base_model"]), adapter=context.artifacts[ADAPTER_ARTIFACT],
                                          dtype=str(config.get("dtype", "float32")),
-                                         mixed_precision=config.get("mixed_precision") or "no",
+                                         mixed_precision=config.get("mixed_precision", "no"),
                                          batch_size=int(config.get("batch_size", 8)))
 
     # model_input is hinted as a DataFrame: MLflow keeps the logged signature (a list[str] hint would replace it and
@@ -116,18 +116,19 @@ def _pinned_requirements() -> list[str]:
 
 
 def log_adapter_model(adapter_dir: str | Path, *, base_model: str, run_id: str, name: str,
-                      dtype: str = "float32", mixed_precision: MixedPrecision = "no",
+                      dtype: str = "float32", mixed_precision: MixedPrecision | None = "no",
                       registered_model_name: str | None = None, tags: dict[str, str] | None = None) -> ModelInfo:
     """Log the PEFT adapter in ``adapter_dir`` as a :class:`PeftAdapterModel` named ``name`` in run ``run_id``,
     with ``base_model`` (a registry spec or Hugging Face name) as its base; registered as
     ``registered_model_name`` when given (a new version each time). ``dtype`` and ``mixed_precision`` are the
-    policy's (``policy.dtype``, ``policy.mixed_precision``): the loaded model generates as the evaluated one did."""
+    policy's (``policy.dtype``, ``policy.mixed_precision``; None or YAML's bare ``no``, false: ``"no"``): the loaded
+    model generates as the evaluated one did."""
     with warnings.catch_warnings():  # no input example: MLflow would load the base model to try it
         warnings.filterwarnings("ignore", message=".*input example was not provided", category=UserWarning)
         return Model.log(
             artifact_path=None, name=name, flavor=mlflow.pyfunc, run_id=run_id, python_model=str(MODEL_CODE),
             artifacts={ADAPTER_ARTIFACT: str(adapter_dir)},
-            model_config={"base_model": base_model, "dtype": dtype, "mixed_precision": mixed_precision},
+            model_config={"base_model": base_model, "dtype": dtype, "mixed_precision": mixed_precision or "no"},
             signature=adapter_signature(), pip_requirements=_pinned_requirements(),
             registered_model_name=registered_model_name, await_registration_for=0,
             metadata={"base_model": base_model, "adapter": "peft"}, tags=tags)
